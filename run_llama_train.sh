@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Train on this machine: ./run_llama_train.sh [--section.key value ...]
+#   NGPU         processes to start (default: the number of GPUs, or 1 on a machine without one;
+#                on CPU each process is a CPU worker using gloo)
+#   CONFIG_FILE  TOML config (default: train_configs/debug_model.toml)
+#   LOG_RANK     comma-separated ranks whose output is shown (default: 0)
+#   PYTHON       Python interpreter (default: python3, or python if that is all there is)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python
+fi
+if [ -z "${NGPU:-}" ]; then
+  NGPU=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+  [ "$NGPU" -ge 1 ] 2>/dev/null || NGPU=1
+fi
+CONFIG_FILE="${CONFIG_FILE:-$here/train_configs/debug_model.toml}"
+LOG_RANK="${LOG_RANK:-0}"
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+
+case " $* " in
+  *" --help "* | *" -h "*) exec "$PYTHON" "$here/train.py" --help ;;
+esac
+
+# Check the configuration once, before any worker starts: one clear line and exit code 2 if bad.
+"$PYTHON" -m torchtitan.preflight --world-size "$NGPU" --job.config_file "$CONFIG_FILE" "$@" || exit $?
+
+cmd=("$PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node="$NGPU"
+     --local-ranks-filter "$LOG_RANK" --role rank --tee 3
+     "$here/train.py" --job.config_file "$CONFIG_FILE" "$@")
+echo "+ ${cmd[*]}"
+exec "${cmd[@]}"

@@ -1,0 +1,238 @@
+"""JobConfig: precedence, CLI forms, help, and every validation error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchtitan.config_manager import JobConfig, help_text, parse_args
+from torchtitan.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+DEBUG_TOML = str(ROOT / "train_configs" / "debug_model.toml")
+TOKENIZER = str(ROOT / "tests" / "assets" / "tokenizer" / "tiktoken.model")
+
+
+def _toml(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.toml"
+    path.write_text(f'[model]\ntokenizer_path = "{TOKENIZER}"\n' + text)
+    return str(path)
+
+
+def test_defaults_are_typed_and_documented():
+    cfg = parse_args(["--model.tokenizer_path", TOKENIZER])
+    assert cfg.training.steps == 10000 and cfg.training.local_batch_size == 8
+    assert cfg.parallelism.data_parallel_shard_degree == -1
+    assert cfg.debug.seed is None
+    text = help_text()
+    for key in (
+        "--training.steps",
+        "--lr_scheduler.decay_type",
+        "--checkpoint.async_mode",
+        "--activation_checkpoint.selective_ac_option",
+        "--validation.freq",
+        "--profiling.profile_freq",
+    ):
+        assert key in text
+    assert "{linear|sqrt|cosine}" in text
+
+
+def test_precedence_defaults_toml_cli(tmp_path):
+    path = _toml(tmp_path, "[training]\nsteps = 7\nseq_len = 64\n[optimizer]\nlr = 1e-3\n")
+    cfg = parse_args(["--job.config_file", path, "--training.steps", "9"])
+    assert cfg.training.steps == 9  # CLI beats TOML
+    assert cfg.training.seq_len == 64  # TOML beats default
+    assert cfg.optimizer.lr == 1e-3
+    assert cfg.training.local_batch_size == 8  # default
+    assert cfg.job.config_file == path
+
+
+def test_cli_forms(tmp_path):
+    path = _toml(tmp_path, "")
+    cfg = parse_args(
+        [
+            f"--job.config_file={path}",
+            "--training.steps=3",
+            "--metrics.enable_tensorboard",
+            "--job.print_config=true",
+            "--metrics.disable_color_printing",
+            "false",
+            "--model.converters",
+            "a, b",
+            "--optimizer.lr",
+            "1e-4",
+            "--debug.seed",
+            "0",
+            "--lr_scheduler.decay_ratio",
+            "0.5",
+        ]
+    )
+    assert cfg.training.steps == 3
+    assert cfg.metrics.enable_tensorboard is True and cfg.job.print_config is True
+    assert cfg.metrics.disable_color_printing is False
+    assert cfg.optimizer.lr == 1e-4 and cfg.debug.seed == 0
+    assert cfg.lr_scheduler.decay_ratio == 0.5
+
+
+def test_list_from_cli_and_toml(tmp_path):
+    path = _toml(tmp_path, '[checkpoint]\nexclude_from_loading = ["dataloader", "optimizer"]\n')
+    assert parse_args(["--job.config_file", path]).checkpoint.exclude_from_loading == [
+        "dataloader",
+        "optimizer",
+    ]
+    cfg = parse_args(
+        ["--job.config_file", path, "--checkpoint.exclude_from_loading", "lr_scheduler,dataloader"]
+    )
+    assert cfg.checkpoint.exclude_from_loading == ["lr_scheduler", "dataloader"]
+
+
+def test_optional_key_can_be_unset(tmp_path):
+    path = _toml(tmp_path, '[training]\ndataset_path = "x"\n')
+    assert (
+        parse_args(
+            ["--job.config_file", path, "--training.dataset_path", "none"]
+        ).training.dataset_path
+        is None
+    )
+
+
+def test_to_toml_round_trips(tmp_path):
+    cfg = parse_args(
+        ["--model.tokenizer_path", TOKENIZER, "--training.steps", "5", "--debug.seed", "3"]
+    )
+    path = tmp_path / "dump.toml"
+    path.write_text(cfg.to_toml())
+    again = parse_args(["--job.config_file", str(path)])
+    again.job.config_file = None
+    assert again == cfg
+
+
+def test_debug_config_parses():
+    cfg = parse_args(["--job.config_file", DEBUG_TOML])
+    assert cfg.model.flavor == "debugmodel" and cfg.training.dataset == "python_docs"
+    assert isinstance(cfg, JobConfig)
+
+
+@pytest.mark.parametrize(
+    "toml, args, expected",
+    [
+        ("[trainig]\nsteps = 1\n", [], "unknown section 'trainig'; did you mean 'training'"),
+        (
+            "[training]\nstep = 1\n",
+            [],
+            "unknown key 'training.step'; did you mean 'training.steps'",
+        ),
+        ("[training]\nsteps = 'ten'\n", [], "training.steps: 'ten' is not a valid int"),
+        ("[training]\nsteps = 1.5\n", [], "training.steps: 1.5 is not a valid int"),
+        ("[training]\nsteps = true\n", [], "training.steps: True is not a valid int"),
+        ("[job]\ndescription = 3\n", [], "job.description: 3 is not a valid str"),
+        ("steps = 3\n", [], "'steps' must be a [section] table"),
+        ("", ["--training.steps", "0"], "training.steps: 0 must be >= 1"),
+        ("", ["--training.steps", "x"], "training.steps: 'x' is not a valid int"),
+        ("", ["--optimizer.lr", "0"], "optimizer.lr: 0.0 must be > 0"),
+        (
+            "",
+            ["--lr_scheduler.decay_type", "exp"],
+            "lr_scheduler.decay_type: 'exp' is not one of: linear, sqrt, cosine",
+        ),
+        (
+            "",
+            ["--lr_scheduler.min_lr_factor", "1.5"],
+            "lr_scheduler.min_lr_factor: 1.5 must be <= 1",
+        ),
+        ("", ["--debug.seed", str(2**32)], "debug.seed: 4294967296 must be <= 4294967295"),
+        ("", ["--debug.seed", "-1"], "debug.seed: -1 must be >= 0"),
+        (
+            "",
+            ["--metrics.enable_tensorboard", "maybe"],
+            "command line: unexpected argument 'maybe'",
+        ),
+        ("", ["--training.steps"], "--training.steps needs a value (int)"),
+        ("", ["--training.nope", "1"], "unknown key 'training.nope'"),
+        ("", ["--steps", "1"], "'steps' is not of the form section.key"),
+        ("", ["steps"], "unexpected argument 'steps'"),
+        ("", ["--debug.deterministic"], "debug.deterministic: needs debug.seed"),
+        (
+            "",
+            ["--training.global_batch_size", "12"],
+            "training.global_batch_size: 12 must be a multiple of training.local_batch_size (8)",
+        ),
+        ("", ["--training.global_batch_size", "0"], "training.global_batch_size: 0 must be -1"),
+        (
+            "",
+            ["--model.tokenizer_path", "/no/such/tok.model"],
+            "model.tokenizer_path: '/no/such/tok.model' does not exist",
+        ),
+        ("", ["--checkpoint.enable"], "checkpoint.enable: this feature is not available"),
+        ("", ["--compile.enable"], "compile.enable: this feature is not available"),
+        (
+            "",
+            ["--activation_checkpoint.mode", "full"],
+            "activation_checkpoint.mode: 'full' is not available",
+        ),
+        (
+            "",
+            ["--parallelism.fsdp_reshard_after_forward", "sometimes"],
+            "is not one of: default, always, never",
+        ),
+    ],
+)
+def test_validation_errors(tmp_path, toml, args, expected):
+    path = _toml(tmp_path, toml)
+    with pytest.raises(ConfigError) as e:
+        parse_args(["--job.config_file", path, *args])
+    assert expected in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_and_bad_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="job.config_file: '/nope.toml' does not exist"):
+        parse_args(["--job.config_file", "/nope.toml"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[training\nsteps = 1\n")
+    with pytest.raises(ConfigError, match=r"job.config_file: '.*bad.toml' is not valid TOML"):
+        parse_args(["--job.config_file", str(bad)])
+
+
+def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_train_py_help_lists_every_key():
+    out = _run("train.py", "--help")
+    assert out.returncode == 0
+    cfg = JobConfig()
+    for section, values in cfg.to_dict().items():
+        for key in values:
+            assert f"--{section}.{key} " in out.stdout, f"{section}.{key} missing from --help"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--training.steps", "-3"], "error: training.steps: -3 must be >= 1"),
+        (
+            ["--model.flavor", "9B"],
+            "error: model.flavor: '9B' is not a flavor of llama3; valid: debugmodel",
+        ),
+        (
+            ["--model.name", "gpt9"],
+            "error: model.name: unknown model 'gpt9'; valid: llama2, llama3",
+        ),
+        (
+            ["--parallelism.data_parallel_shard_degree", "3"],
+            "error: parallelism: dp_replicate=1 x dp_shard=3",
+        ),
+    ],
+)
+def test_train_py_reports_config_errors_in_one_line(args, expected):
+    out = _run("train.py", "--job.config_file", DEBUG_TOML, *args)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().startswith(expected), out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,573 @@
+"""JobConfig: typed, defaulted, documented keys from defaults < TOML file < command line.
+
+Every key lives in a section dataclass below and is declared with :func:`opt`, which records its
+help text (shown by ``python train.py --help``) and, where it has them, its choices and bounds.
+:func:`parse_args` builds a :class:`JobConfig` and validates it once; any problem raises
+:class:`~torchtitan.errors.ConfigError` with one line naming the key as the user wrote it.
+This module depends on nothing else in the package (only on ``errors``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from torchtitan.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+_MISSING = object()
+
+
+def opt(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[Any, ...] | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """Declare a config key: default, one-line help, optional choices and numeric bounds."""
+    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class Job:
+    config_file: str | None = opt(
+        None, "TOML file with the job's settings (lowest precedence after defaults)"
+    )
+    dump_folder: str = opt(
+        "./outputs", "Folder for everything the run writes: logs, TensorBoard, checkpoints"
+    )
+    description: str = opt("default job", "Free-text description of the job, logged at start-up")
+    print_config: bool = opt(False, "Print the resolved configuration as TOML at start-up")
+
+
+@dataclass
+class Model:
+    name: str = opt("llama3", "Model family in the train-spec registry (llama2, llama3)")
+    flavor: str = opt("debugmodel", "Model size within the family (debugmodel, 8B, 70B, ...)")
+    tokenizer_path: str = opt(
+        "tests/assets/tokenizer/tiktoken.model",
+        "Tokenizer file: a tiktoken BPE file (Llama 3) or a SentencePiece model (Llama 2)",
+    )
+    converters: list[str] = opt([], "Model converters applied after build, e.g. float8 (GPU only)")
+
+
+@dataclass
+class Optimizer:
+    name: str = opt("AdamW", "Optimizer", choices=("AdamW", "Adam"))
+    lr: float = opt(8e-4, "Peak learning rate", gt=0)
+    eps: float = opt(1e-8, "Adam epsilon", gt=0)
+    weight_decay: float = opt(0.1, "Decoupled weight decay", ge=0)
+    beta1: float = opt(0.9, "Adam beta1", ge=0, le=1)
+    beta2: float = opt(0.95, "Adam beta2", ge=0, le=1)
+    implementation: str = opt(
+        "fused",
+        "Optimizer kernel: fused, foreach or for-loop (falls back to foreach where fused is unsupported)",
+        choices=("fused", "foreach", "for-loop"),
+    )
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = opt(200, "Steps of linear warm-up from near zero to optimizer.lr", ge=0)
+    decay_ratio: float | None = opt(
+        None,
+        "Fraction of the post-warm-up steps spent decaying (warmup-stable-decay); unset = all of them",
+        ge=0,
+        le=1,
+    )
+    decay_type: str = opt("linear", "Decay curve", choices=("linear", "sqrt", "cosine"))
+    min_lr_factor: float = opt(0.0, "Final learning rate as a fraction of optimizer.lr", ge=0, le=1)
+
+
+@dataclass
+class Training:
+    dataset: str = opt(
+        "python_docs", "Named dataset: python_docs (offline debug), c4, c4_validation, fineweb_edu"
+    )
+    dataset_path: str | None = opt(
+        None,
+        "Local file or folder (json, jsonl, parquet, txt, save_to_disk) or a Hub id; overrides the named dataset's source",
+    )
+    dataset_text_field: str | None = opt(
+        None, "Field holding each row's text; unset = the dataset's default ('text')"
+    )
+    dataset_streaming: bool | None = opt(
+        None, "Stream the dataset instead of downloading it; unset = the dataset's default"
+    )
+    local_batch_size: int = opt(8, "Sequences per micro-batch per data-parallel rank", ge=1)
+    global_batch_size: int = opt(
+        -1,
+        "Sequences per optimizer step over all ranks; -1 = local_batch_size x data-parallel degree (no accumulation)",
+    )
+    seq_len: int = opt(2048, "Tokens per sequence", ge=1)
+    max_norm: float = opt(1.0, "Clip gradients to this global L2 norm", gt=0)
+    steps: int = opt(10000, "Optimizer steps to train", ge=1)
+    mixed_precision_param: str = opt(
+        "bfloat16",
+        "Compute dtype of parameters on GPU (CPU runs stay float32)",
+        choices=("bfloat16", "float32"),
+    )
+    mixed_precision_reduce: str = opt(
+        "float32", "Dtype of gradient reduction across data-parallel ranks", choices=("float32",)
+    )
+    gc_freq: int = opt(
+        50, "Run Python's garbage collector every N steps (automatic GC is turned off)", ge=1
+    )
+
+
+@dataclass
+class Metrics:
+    log_freq: int = opt(10, "Log metrics every N steps", ge=1)
+    enable_tensorboard: bool = opt(False, "Write TensorBoard scalars")
+    save_tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder")
+    disable_color_printing: bool = opt(False, "Print console metrics without colour")
+    enable_wandb: bool = opt(False, "Log to Weights & Biases (not available yet)")
+    save_for_all_ranks: bool = opt(
+        False, "Write metrics for every rank, not only rank 0 (not available yet)"
+    )
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = opt(
+        1, "Replicated data-parallel degree (DDP, or HSDP's outer dim)", ge=1
+    )
+    data_parallel_shard_degree: int = opt(
+        -1, "Sharded data-parallel degree (FSDP2); -1 = the rest of the world size"
+    )
+    tensor_parallel_degree: int = opt(1, "Tensor (and sequence) parallel degree", ge=1)
+    pipeline_parallel_degree: int = opt(1, "Pipeline parallel degree", ge=1)
+    context_parallel_degree: int = opt(1, "Context parallel degree (GPU only)", ge=1)
+    disable_loss_parallel: bool = opt(
+        False, "Gather logits before the loss instead of a vocab-parallel loss"
+    )
+    enable_async_tensor_parallel: bool = opt(
+        False, "Overlap TP communication with compute (GPU + compile)"
+    )
+    fsdp_reshard_after_forward: str = opt(
+        "default", "Free gathered parameters after forward", choices=("default", "always", "never")
+    )
+    pipeline_parallel_schedule: str = opt(
+        "1F1B", "Pipeline schedule (GPipe, 1F1B, Interleaved1F1B, ...)"
+    )
+    pipeline_parallel_layers_per_stage: int | None = opt(
+        None, "Transformer layers per pipeline stage; unset = even split"
+    )
+    pipeline_parallel_microbatch_size: int = opt(1, "Sequences per pipeline micro-batch", ge=1)
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = opt(False, "Save and auto-resume checkpoints (not available yet)")
+    folder: str = opt("checkpoint", "Checkpoint folder under job.dump_folder")
+    interval: int = opt(500, "Save every N steps", ge=1)
+    keep_latest_k: int = opt(10, "Keep only the newest k complete checkpoints; 0 = keep all", ge=0)
+    async_mode: str = opt(
+        "disabled", "Asynchronous save", choices=("disabled", "async", "async_with_pinned_mem")
+    )
+    load_step: int = opt(-1, "Resume from this step instead of the newest; -1 = newest")
+    model_weights_only: bool = opt(False, "Save only model weights")
+    export_dtype: str = opt(
+        "float32", "Dtype of model-only exports", choices=("float32", "bfloat16", "float16")
+    )
+    exclude_from_loading: list[str] = opt(
+        [], "State keys not to load on resume (e.g. dataloader,optimizer)"
+    )
+    initial_load_path: str | None = opt(None, "Checkpoint to start from when the folder has none")
+    initial_load_model_only: bool = opt(True, "Load only model weights from initial_load_path")
+    initial_load_in_hf: bool = opt(False, "initial_load_path is a Hugging Face safetensors folder")
+    last_save_in_hf: bool = opt(False, "Export the final weights in Hugging Face format")
+    last_save_model_only: bool = opt(True, "Final save holds only model weights")
+    create_seed_checkpoint: bool = opt(False, "Write initial weights from one process and exit")
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: str = opt("none", "Activation checkpointing", choices=("none", "full", "selective"))
+    selective_ac_option: str = opt(
+        "2", "Selective AC: a layer interval like '2', or 'op' for the per-op policy"
+    )
+
+
+@dataclass
+class Compile:
+    enable: bool = opt(False, "torch.compile each transformer block (not available yet)")
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = opt(False, "Write torch.profiler traces (not available yet)")
+    save_traces_folder: str = opt("profile_traces", "Trace folder under job.dump_folder")
+    profile_freq: int = opt(10, "Profile every N steps", ge=1)
+    profiler_warmup: int = opt(3, "Profiler warm-up steps", ge=0)
+    profiler_active: int = opt(1, "Profiler active steps", ge=1)
+    enable_memory_snapshot: bool = opt(False, "Write CUDA memory snapshots (not available yet)")
+    save_memory_snapshot_folder: str = opt(
+        "memory_snapshot", "Snapshot folder under job.dump_folder"
+    )
+
+
+@dataclass
+class Validation:
+    enable: bool = opt(False, "Evaluate held-out loss periodically (not available yet)")
+    dataset: str = opt("c4_validation", "Named validation dataset")
+    dataset_path: str | None = opt(None, "Local validation data or Hub id")
+    local_batch_size: int = opt(8, "Validation sequences per rank per step", ge=1)
+    seq_len: int = opt(2048, "Validation tokens per sequence", ge=1)
+    freq: int = opt(500, "Validate every N training steps", ge=1)
+    steps: int = opt(-1, "Validation batches per evaluation; -1 = the whole dataset")
+
+
+@dataclass
+class Debug:
+    seed: int | None = opt(
+        None,
+        "Seed for every RNG (Python, NumPy, torch); unset = random, logged",
+        ge=0,
+        le=2**32 - 1,
+    )
+    deterministic: bool = opt(
+        False, "Use deterministic algorithms (bit-for-bit repeatable CPU runs)"
+    )
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    training: Training = field(default_factory=Training)
+    metrics: Metrics = field(default_factory=Metrics)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
+    profiling: Profiling = field(default_factory=Profiling)
+    validation: Validation = field(default_factory=Validation)
+    debug: Debug = field(default_factory=Debug)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        """The resolved config as TOML (unset optional keys are written as comments)."""
+        lines = []
+        for section, values in self.to_dict().items():
+            lines.append(f"[{section}]")
+            for key, value in values.items():
+                if value is None:
+                    lines.append(f"# {key} = (unset)")
+                else:
+                    lines.append(f"{key} = {_toml_value(value)}")
+            lines.append("")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- introspection
+
+
+def _sections() -> dict[str, type]:
+    hints = typing.get_type_hints(JobConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+
+
+def _keys(section_cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(section_cls)}
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def _type_name(tp: Any) -> str:
+    base, optional = _strip_optional(tp)
+    name = "list[str]" if typing.get_origin(base) is list else base.__name__
+    return f"{name} (optional)" if optional else name
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return f.default
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+# ----------------------------------------------------------------------------- value conversion
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+def _convert(raw: Any, tp: Any, key: str, from_cli: bool) -> Any:
+    """Convert a TOML value or CLI string to the key's type, or raise ConfigError."""
+    base, optional = _strip_optional(tp)
+    if optional and (
+        raw is None or (from_cli and isinstance(raw, str) and raw.lower() in ("none", ""))
+    ):
+        return None
+    want = _type_name(tp)
+    if base is bool:
+        if isinstance(raw, bool):
+            return raw
+        if from_cli and isinstance(raw, str) and raw.lower() in _TRUE | _FALSE:
+            return raw.lower() in _TRUE
+    elif base is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        if from_cli and isinstance(raw, str):
+            try:
+                return int(raw)
+            except ValueError:
+                pass
+    elif base is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+        if from_cli and isinstance(raw, str):
+            try:
+                return float(raw)
+            except ValueError:
+                pass
+    elif base is str:
+        if isinstance(raw, str):
+            return raw
+    elif typing.get_origin(base) is list:
+        if isinstance(raw, str):
+            return [s.strip() for s in raw.split(",") if s.strip()]
+        if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+            return list(raw)
+    raise ConfigError(f"{key}: {raw!r} is not a valid {want}")
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _unknown(kind: str, name: str, valid: list[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else f"; valid: {', '.join(valid)}"
+    return ConfigError(f"{where}unknown {kind} '{name}'{hint}")
+
+
+def _lookup(dotted: str, where: str) -> tuple[str, str, Any]:
+    sections = _sections()
+    if "." not in dotted:
+        raise ConfigError(
+            f"{where}'{dotted}' is not of the form section.key (see python train.py --help)"
+        )
+    section, key = dotted.split(".", 1)
+    if section not in sections:
+        raise _unknown("section", section, list(sections), where)
+    keys = _keys(sections[section])
+    if key not in keys:
+        full = [f"{section}.{k}" for k in keys]
+        raise _unknown("key", dotted, full, where)
+    return section, key, keys[key][1]
+
+
+def split_cli(argv: list[str]) -> list[tuple[str, str | None]]:
+    """Turn ``--a.b v``, ``--a.b=v`` and bare boolean ``--a.b`` into (key, raw value or None)."""
+    pairs: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(
+                f"command line: unexpected argument '{arg}'; options look like --section.key value"
+            )
+        body = arg[2:]
+        if "=" in body:
+            key, value = body.split("=", 1)
+            pairs.append((key, value))
+            i += 1
+            continue
+        _, _, tp = _lookup(body, "command line: ")
+        is_bool = _strip_optional(tp)[0] is bool
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if is_bool and (nxt is None or nxt.lower() not in _TRUE | _FALSE):
+            pairs.append((body, "true"))
+            i += 1
+        elif nxt is None or (nxt.startswith("--") and not _looks_numeric(nxt)):
+            raise ConfigError(f"command line: --{body} needs a value ({_type_name(tp)})")
+        else:
+            pairs.append((body, nxt))
+            i += 2
+    return pairs
+
+
+def _looks_numeric(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"job.config_file: '{path}' does not exist or is not a file; give a TOML file such as train_configs/debug_model.toml"
+        )
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"job.config_file: '{path}' is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"job.config_file: cannot read '{path}': {e.strerror}") from None
+
+
+def _apply(cfg: JobConfig, dotted: str, raw: Any, where: str, from_cli: bool) -> None:
+    section, key, tp = _lookup(dotted, where)
+    value = _convert(raw, tp, dotted, from_cli)
+    setattr(getattr(cfg, section), key, value)
+
+
+def parse_args(argv: list[str] | None = None) -> JobConfig:
+    """Build and validate a JobConfig from defaults, ``--job.config_file`` and CLI overrides."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pairs = split_cli(argv)
+    cfg = JobConfig()
+    config_file = None
+    for key, raw in pairs:
+        if key == "job.config_file":
+            config_file = raw
+    if config_file:
+        data = _load_toml(config_file)
+        where = f"{config_file}: "
+        for section, values in data.items():
+            if not isinstance(values, dict):
+                raise ConfigError(
+                    f"{where}'{section}' must be a [section] table, not a top-level value"
+                )
+            for key, raw in values.items():
+                _apply(cfg, f"{section}.{key}", raw, where, from_cli=False)
+    for key, raw in pairs:
+        _apply(cfg, key, raw, "command line: ", from_cli=True)
+    cfg.job.config_file = config_file
+    validate(cfg)
+    return cfg
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_bounds(cfg: JobConfig) -> None:
+    for section, cls in _sections().items():
+        for key, (f, _) in _keys(cls).items():
+            value = getattr(getattr(cfg, section), key)
+            meta, name = f.metadata, f"{section}.{key}"
+            if value is None:
+                continue
+            if meta.get("choices") and value not in meta["choices"]:
+                valid = ", ".join(str(c) for c in meta["choices"])
+                raise ConfigError(f"{name}: {value!r} is not one of: {valid}")
+            if meta.get("ge") is not None and value < meta["ge"]:
+                raise ConfigError(f"{name}: {value} must be >= {meta['ge']}")
+            if meta.get("gt") is not None and value <= meta["gt"]:
+                raise ConfigError(f"{name}: {value} must be > {meta['gt']}")
+            if meta.get("le") is not None and value > meta["le"]:
+                raise ConfigError(f"{name}: {value} must be <= {meta['le']}")
+
+
+# Keys that select features later releases add; setting them today must fail loudly, not be ignored.
+_NOT_YET = {
+    "checkpoint.enable": True,
+    "checkpoint.create_seed_checkpoint": True,
+    "compile.enable": True,
+    "profiling.enable_profiling": True,
+    "profiling.enable_memory_snapshot": True,
+    "validation.enable": True,
+    "metrics.enable_wandb": True,
+    "metrics.save_for_all_ranks": True,
+}
+
+
+def validate(cfg: JobConfig) -> None:
+    """Checks that need no process group, model or data; raise ConfigError on the first problem."""
+    _check_bounds(cfg)
+    for dotted, bad in _NOT_YET.items():
+        section, key = dotted.split(".")
+        if getattr(getattr(cfg, section), key) == bad:
+            raise ConfigError(
+                f"{dotted}: this feature is not available in this version yet; leave it unset"
+            )
+    if cfg.activation_checkpoint.mode != "none":
+        raise ConfigError(
+            f"activation_checkpoint.mode: '{cfg.activation_checkpoint.mode}' is not available in this version yet; use none"
+        )
+    if cfg.model.converters:
+        raise ConfigError(
+            f"model.converters: {cfg.model.converters} not available in this version yet; leave it empty"
+        )
+    t = cfg.training
+    if t.global_batch_size != -1 and t.global_batch_size < 1:
+        raise ConfigError(
+            f"training.global_batch_size: {t.global_batch_size} must be -1 (derived) or >= 1"
+        )
+    if t.global_batch_size != -1 and t.global_batch_size % t.local_batch_size:
+        raise ConfigError(
+            f"training.global_batch_size: {t.global_batch_size} must be a multiple of "
+            f"training.local_batch_size ({t.local_batch_size})"
+        )
+    if not os.path.isfile(cfg.model.tokenizer_path):
+        raise ConfigError(
+            f"model.tokenizer_path: '{cfg.model.tokenizer_path}' does not exist or is not a file; "
+            "give a tokenizer.model (see scripts/download_tokenizer.py)"
+        )
+    if cfg.debug.deterministic and cfg.debug.seed is None:
+        raise ConfigError("debug.deterministic: needs debug.seed to be set (e.g. --debug.seed 42)")
+
+
+# ----------------------------------------------------------------------------- help
+
+
+def help_text() -> str:
+    out = [
+        "usage: python train.py [--job.config_file FILE.toml] [--section.key VALUE | --section.key=VALUE ...]",
+        "",
+        "Precedence: defaults < TOML file < command line. Booleans: --a.b, --a.b=true|false.",
+        "Lists: comma-separated (--model.converters a,b). Optional keys: 'none' unsets.",
+        "",
+    ]
+    for section, cls in _sections().items():
+        out.append(f"[{section}]")
+        for key, (f, tp) in _keys(cls).items():
+            default = _default_of(f)
+            shown = "unset" if default is None else _toml_value(default)
+            extra = ""
+            if f.metadata.get("choices"):
+                extra = f" {{{'|'.join(str(c) for c in f.metadata['choices'])}}}"
+            out.append(f"  --{section}.{key}  ({_type_name(tp)}, default {shown}){extra}")
+            out.append(f"      {f.metadata['help']}")
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,148 @@
+"""Training metrics: throughput, FLOPs utilisation, memory, console lines and TensorBoard.
+
+MFU = (model FLOPs per token x tokens per second per device) / the device's peak dense bf16 FLOPs.
+Model FLOPs per token come from the model (see ``get_nparams_and_flops``): 6 x parameters except
+the input embedding table + 6 x layers x dim x seq_len for causal attention. Recomputation from
+activation checkpointing is not counted. On CPU there is no meaningful peak, so MFU is "n/a".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import torch
+
+from torchtitan.log import logger
+from torchtitan.utils import device_memory, device_type, reset_peak_memory
+
+# Peak dense (no sparsity) bf16 tensor-core FLOP/s, from the vendors' datasheets: NVIDIA A100
+# (312 TF), A10 (125 TF), L4 (121 TF), L40S (362 TF), H100 SXM (989 TF), H100 PCIe (756 TF),
+# H100 NVL (835 TF), H200 (989 TF), B200 (2250 TF); AMD Instinct MI300X (1307 TF).
+# Listed most specific name first: the first substring found in the device name wins.
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
+    ("MI300X", 1307e12),
+]
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Peak dense bf16 FLOP/s for a device name, or None when unknown (MFU is then not reported)."""
+    for key, value in PEAK_BF16_FLOPS:
+        if key in device_name:
+            return value
+    return None
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if device_type == "cuda" else "cpu"
+
+
+class _Colors:
+    def __init__(self, enabled: bool):
+        codes = {
+            "cyan": "\033[36m",
+            "green": "\033[32m",
+            "yellow": "\033[33m",
+            "blue": "\033[34m",
+            "magenta": "\033[35m",
+            "red": "\033[31m",
+            "reset": "\033[39m",
+        }
+        for name, code in codes.items():
+            setattr(self, name, code if enabled else "")
+
+
+@dataclass
+class MetricsProcessor:
+    """Collects per-step numbers on every rank; rank 0 prints and writes them every log_freq steps."""
+
+    flops_per_token: int
+    log_freq: int
+    tb_dir: str | None = None
+    color: bool = True
+    is_rank0: bool = True
+    ntokens_since_last_log: int = 0
+    data_loading_times: list[float] = field(default_factory=list)
+    _last_log_time: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        name = _device_name()
+        self.peak = peak_flops(name) if device_type == "cuda" else None
+        if device_type == "cuda" and self.peak is None:
+            logger.warning(f"Unknown peak FLOP/s for '{name}': MFU will be reported as n/a")
+        self.colors = _Colors(self.color and sys.stdout.isatty())
+        self.writer = None
+        if self.tb_dir and self.is_rank0:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(self.tb_dir, max_queue=1000)
+            logger.info(f"TensorBoard metrics go to {self.tb_dir}")
+
+    def should_log(self, step: int) -> bool:
+        return step == 1 or step % self.log_freq == 0
+
+    def log(self, step: int, loss: float, grad_norm: float, lr: float) -> dict[str, float]:
+        elapsed = time.perf_counter() - self._last_log_time
+        tps = self.ntokens_since_last_log / elapsed
+        tflops = self.flops_per_token * tps / 1e12
+        mfu = 100 * self.flops_per_token * tps / self.peak if self.peak else None
+        mem_peak, mem_reserved = device_memory()
+        data_pct = 100 * sum(self.data_loading_times) / elapsed
+        values = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "throughput/tps": tps,
+            "throughput/tflops": tflops,
+            "memory/peak_active_gib": mem_peak,
+            "memory/peak_reserved_gib": mem_reserved,
+            "time/data_loading_pct": data_pct,
+        }
+        if mfu is not None:
+            values["throughput/mfu_pct"] = mfu
+        if self.is_rank0:
+            self._print(step, values, mfu)
+            if self.writer is not None:
+                for key, value in values.items():
+                    self.writer.add_scalar(key, value, step)
+                self.writer.flush()
+        self.ntokens_since_last_log = 0
+        self.data_loading_times.clear()
+        reset_peak_memory()
+        self._last_log_time = time.perf_counter()
+        return values
+
+    def _print(self, step: int, v: dict[str, float], mfu: float | None) -> None:
+        c = self.colors
+        mem = "rss" if device_type == "cpu" else "memory"
+        mfu_s = f"{mfu:.2f}%" if mfu is not None else "n/a"
+        logger.info(
+            f"{c.red}step: {step:2}  {c.green}loss: {v['loss']:7.4f}  "
+            f"{c.reset}grad_norm: {v['grad_norm']:7.4f}  lr: {v['lr']:.4e}  "
+            f"{c.yellow}{mem}: {v['memory/peak_active_gib']:5.2f}GiB  "
+            f"{c.blue}tps: {round(v['throughput/tps']):,}  "
+            f"{c.cyan}tflops: {v['throughput/tflops']:,.2f}  "
+            f"{c.magenta}mfu: {mfu_s}{c.reset}"
+        )
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def tb_run_dir(dump_folder: str, tb_folder: str) -> str:
+    """``{dump_folder}/{tb_folder}/<YYYYmmdd-HHMMSS>``: one subfolder per run."""
+    return os.path.join(dump_folder, tb_folder, datetime.now().strftime("%Y%m%d-%H%M%S"))

@@ -1,0 +1,39 @@
+"""Llama 2 and Llama 3 (3.1, 3.2): one implementation, two registered families."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from torchtitan.datasets.hf_datasets import build_hf_dataloader
+from torchtitan.datasets.tokenizer import build_tokenizer
+from torchtitan.lr_scheduling import build_lr_scheduler
+from torchtitan.models.llama.flavors import llama2_configs, llama3_configs
+from torchtitan.models.llama.model import ModelArgs, Transformer, get_nparams_and_flops
+from torchtitan.optimizer import build_optimizer
+from torchtitan.parallelisms.parallelize_llama import parallelize_llama
+from torchtitan.train_spec import TrainSpec, register_train_spec
+
+__all__ = ["ModelArgs", "Transformer", "cross_entropy_loss"]
+
+
+def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy over all positions, computed in float32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+for _name, _flavors in (("llama2", llama2_configs), ("llama3", llama3_configs)):
+    register_train_spec(
+        TrainSpec(
+            name=_name,
+            cls=Transformer,
+            flavors=_flavors,
+            parallelize_fn=parallelize_llama,
+            build_tokenizer_fn=build_tokenizer,
+            build_dataloader_fn=build_hf_dataloader,
+            loss_fn=cross_entropy_loss,
+            build_optimizer_fn=build_optimizer,
+            build_lr_scheduler_fn=build_lr_scheduler,
+            nparams_and_flops_fn=get_nparams_and_flops,
+        )
+    )

@@ -1,0 +1,111 @@
+"""ParallelDims: the parallel degrees, checked against the world size, and the DeviceMesh they make."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from torchtitan.errors import ConfigError
+
+# Degrees this release can run; the others are declared in the config and rejected clearly.
+SUPPORTED_NOW = ("dp_replicate", "dp_shard")
+
+_KEYS = {
+    "dp_replicate": "parallelism.data_parallel_replicate_degree",
+    "dp_shard": "parallelism.data_parallel_shard_degree",
+    "cp": "parallelism.context_parallel_degree",
+    "tp": "parallelism.tensor_parallel_degree",
+    "pp": "parallelism.pipeline_parallel_degree",
+}
+
+
+@dataclass
+class ParallelDims:
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    pp: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "cp", "tp", "pp"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{_KEYS[name]}: {getattr(self, name)} must be >= 1")
+        others = self.dp_replicate * self.cp * self.tp * self.pp
+        if self.dp_shard == -1:
+            if self.world_size % others:
+                raise ConfigError(
+                    f"{_KEYS['dp_shard']}: -1 cannot fill world size {self.world_size}: the other degrees "
+                    f"multiply to {others}, which does not divide it"
+                )
+            self.dp_shard = self.world_size // others
+        if self.dp_shard < 1:
+            raise ConfigError(f"{_KEYS['dp_shard']}: {self.dp_shard} must be -1 or >= 1")
+        if others * self.dp_shard != self.world_size:
+            raise ConfigError(
+                f"parallelism: dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x cp={self.cp} "
+                f"x tp={self.tp} x pp={self.pp} = {others * self.dp_shard}, but the world size is "
+                f"{self.world_size}; make the product equal the number of processes"
+            )
+        for name in ("cp", "tp", "pp"):
+            if getattr(self, name) > 1 and name not in SUPPORTED_NOW:
+                raise ConfigError(
+                    f"{_KEYS[name]}: {getattr(self, name)} is not available in this version yet; use 1"
+                )
+
+    def layout(self) -> str:
+        return f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} tp={self.tp} pp={self.pp}"
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different batches are read per step."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.dp > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate > 1
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        """A named mesh over the enabled dims, plus the flattened ``dp`` dim used by the data loader."""
+        dims = [
+            (n, d)
+            for n, d in (
+                ("pp", self.pp),
+                ("dp_replicate", self.dp_replicate),
+                ("dp_shard", self.dp_shard),
+                ("cp", self.cp),
+                ("tp", self.tp),
+            )
+            if d > 1
+        ]
+        if not dims:
+            dims = [("dp_shard", 1)]
+        names = tuple(n for n, _ in dims)
+        mesh = init_device_mesh(device_type, tuple(d for _, d in dims), mesh_dim_names=names)
+        dp_names = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
+        if len(dp_names) > 1:
+            mesh[dp_names]._flatten(mesh_dim_name="dp")
+        return mesh
+
+    def dp_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
+        """The (flattened) data-parallel sub-mesh the data loader shards over, or None."""
+        if mesh is None or not self.dp_enabled:
+            return None
+        if self.dp_replicate_enabled and self.dp_shard_enabled:
+            return mesh["dp"]
+        return mesh["dp_replicate" if self.dp_replicate_enabled else "dp_shard"]
+
+    @cached_property
+    def non_data_parallel_size(self) -> int:
+        return self.cp * self.tp * self.pp

@@ -1,0 +1,74 @@
+"""Apply data parallelism to a Llama Transformer without touching its math.
+
+Order (the later issues slot TP, activation checkpointing and compile in before data parallel):
+FSDP2 ``fully_shard`` per transformer block and at the root when ``dp_shard > 1`` (HSDP over a
+2-D ``(dp_replicate, dp_shard)`` mesh when both exceed 1), or composable DDP (``replicate``) when
+only ``dp_replicate > 1``. With one process nothing is wrapped.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from torchtitan.config_manager import JobConfig
+from torchtitan.log import logger
+from torchtitan.parallelisms.parallel_dims import ParallelDims
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def param_dtype(job_config: JobConfig, device_type: str) -> torch.dtype:
+    """Compute dtype for parameters: mixed precision on GPU, float32 on CPU."""
+    if device_type == "cpu":
+        return torch.float32
+    return DTYPES[job_config.training.mixed_precision_param]
+
+
+def parallelize_llama(
+    model: nn.Module, mesh: DeviceMesh, dims: ParallelDims, job_config: JobConfig, device_type: str
+) -> nn.Module:
+    if dims.dp_shard_enabled:
+        names = ("dp_replicate", "dp_shard") if dims.dp_replicate_enabled else ("dp_shard",)
+        apply_fsdp(
+            model,
+            mesh[names],
+            param_dtype=param_dtype(job_config, device_type),
+            reduce_dtype=DTYPES[job_config.training.mixed_precision_reduce],
+            reshard_after_forward=job_config.parallelism.fsdp_reshard_after_forward,
+        )
+        logger.info(f"Applied {'HSDP' if dims.dp_replicate_enabled else 'FSDP'} to the model")
+    elif dims.dp_replicate_enabled:
+        apply_ddp(model, mesh["dp_replicate"])
+        logger.info("Applied DDP to the model")
+    return model
+
+
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_after_forward: str,
+) -> None:
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        if reshard_after_forward == "default":
+            # The last block's parameters are needed again right away by backward: keep them.
+            reshard = i < len(blocks) - 1
+        else:
+            reshard = reshard_after_forward == "always"
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(
+        model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward == "always"
+    )
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
+    from torch.distributed._composable.replicate import replicate
+
+    replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)

@@ -1,0 +1,72 @@
+"""Every check that needs no process group: run by train.py, and by the launcher before torchrun.
+
+``python -m torchtitan.preflight --world-size N [train.py arguments]`` exits 0 when the job can
+start on N processes, or prints one ``error: ...`` line and exits 2, so that a bad config is
+reported once, before torchrun starts any worker (and without torchrun's failure report).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from torchtitan.config_manager import JobConfig, parse_args
+from torchtitan.errors import ConfigError, TorchTitanError
+from torchtitan.parallelisms.parallel_dims import ParallelDims
+from torchtitan.train_spec import TrainSpec, get_model_args, get_train_spec
+
+
+@dataclass
+class Plan:
+    """What the checks resolved: the parallel layout, the model family and its arguments."""
+
+    dims: ParallelDims
+    spec: TrainSpec
+    model_args: Any
+    grad_accum_steps: int
+    global_batch_size: int
+
+
+def check(job_config: JobConfig, world_size: int) -> Plan:
+    p, t = job_config.parallelism, job_config.training
+    dims = ParallelDims(
+        dp_replicate=p.data_parallel_replicate_degree,
+        dp_shard=p.data_parallel_shard_degree,
+        cp=p.context_parallel_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        world_size=world_size,
+    )
+    spec = get_train_spec(job_config.model.name)
+    model_args = get_model_args(job_config.model.name, job_config.model.flavor)
+    per_step = t.local_batch_size * dims.dp
+    global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
+    if global_batch % per_step:
+        raise ConfigError(
+            f"training.global_batch_size: {global_batch} must be a multiple of training.local_batch_size "
+            f"x data-parallel degree = {t.local_batch_size} x {dims.dp} = {per_step}"
+        )
+    return Plan(dims, spec, model_args, global_batch // per_step, global_batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    world_size = 1
+    if argv[:1] == ["--world-size"]:
+        world_size = int(argv[1])
+        argv = argv[2:]
+    if "-h" in argv or "--help" in argv:
+        return 0  # train.py prints the help itself
+    try:
+        job_config = parse_args(argv)
+        plan = check(job_config, world_size)
+        plan.spec.build_tokenizer_fn(job_config.model.tokenizer_path)
+    except TorchTitanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

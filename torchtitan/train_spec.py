@@ -1,0 +1,59 @@
+"""The train-spec registry: everything train.py needs to know about one model family.
+
+A model family registers one :class:`TrainSpec` (its model class, flavors, how to parallelize it,
+its tokenizer, loss, optimizer, LR schedule and data loader builders). Adding a model, or swapping
+its loss, touches only that model's folder and its registration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.nn as nn
+
+from torchtitan.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    name: str
+    cls: type[nn.Module]
+    flavors: dict[str, Any]
+    parallelize_fn: Callable[..., nn.Module]
+    build_tokenizer_fn: Callable[..., Any]
+    build_dataloader_fn: Callable[..., Any]
+    loss_fn: Callable[..., Any]
+    build_optimizer_fn: Callable[..., Any]
+    build_lr_scheduler_fn: Callable[..., Any]
+    nparams_and_flops_fn: Callable[..., tuple[int, int]]
+    pipelining_fn: Callable[..., Any] | None = None
+
+
+_REGISTRY: dict[str, TrainSpec] = {}
+
+
+def register_train_spec(spec: TrainSpec) -> None:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"train spec '{spec.name}' is already registered")
+    _REGISTRY[spec.name] = spec
+
+
+def get_train_spec(name: str) -> TrainSpec:
+    import torchtitan.models  # noqa: F401  (registers the built-in families)
+
+    if name not in _REGISTRY:
+        raise ConfigError(
+            f"model.name: unknown model '{name}'; valid: {', '.join(sorted(_REGISTRY))}"
+        )
+    return _REGISTRY[name]
+
+
+def get_model_args(name: str, flavor: str) -> Any:
+    spec = get_train_spec(name)
+    if flavor not in spec.flavors:
+        raise ConfigError(
+            f"model.flavor: '{flavor}' is not a flavor of {name}; valid: {', '.join(spec.flavors)}"
+        )
+    return spec.flavors[flavor]

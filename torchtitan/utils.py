@@ -1,0 +1,116 @@
+"""Device, process group, seeds and garbage collection: the few things every rank sets up once."""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+# One code path: CUDA + NCCL when there is a GPU, else CPU + gloo.
+device_type = "cuda" if torch.cuda.is_available() else "cpu"
+dist_backend = "nccl" if device_type == "cuda" else "gloo"
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_device() -> torch.device:
+    if device_type == "cuda":
+        device = torch.device("cuda", local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
+    """Create the default process group when launched by torchrun (WORLD_SIZE set)."""
+    if "RANK" not in os.environ or dist.is_initialized():
+        return
+    # gloo on CPU would otherwise pick threads per process as if it owned the whole machine.
+    if device_type == "cpu" and world_size_from_env() > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world_size()))
+    dist.init_process_group(
+        backend=dist_backend,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device_type == "cuda" else None,
+    )
+
+
+def _local_world_size() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
+def resolve_seed(seed: int | None, device: torch.device) -> int:
+    """The configured seed, or one drawn on rank 0 and shared with every rank."""
+    if seed is not None:
+        return seed
+    drawn = torch.tensor([random.SystemRandom().randrange(2**32)], dtype=torch.int64, device=device)
+    if dist.is_initialized():
+        dist.broadcast(drawn, src=0)
+    return int(drawn.item())
+
+
+def set_determinism(seed: int, deterministic: bool, rank_offset: int = 0) -> None:
+    """Seed Python, NumPy and torch. ``rank_offset`` makes per-rank streams differ where they must.
+
+    Seeds stay inside [0, 2**32): NumPy rejects larger ones, so the per-rank seed wraps around.
+    """
+    s = (seed + rank_offset) % 2**32
+    random.seed(s)
+    try:
+        import numpy as np
+
+        np.random.seed(s)
+    except ImportError:  # pragma: no cover
+        pass
+    torch.manual_seed(s)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+class GarbageCollection:
+    """Turn off automatic GC (its pauses are random across ranks) and collect every ``freq`` steps."""
+
+    def __init__(self, freq: int):
+        self.freq = freq
+        gc.disable()
+        gc.collect(1)
+
+    def run(self, step: int) -> None:
+        if step > 1 and step % self.freq == 0:
+            gc.collect(1)
+
+
+def device_memory() -> tuple[float, float]:
+    """(peak allocated GiB, peak reserved GiB) on this device since the last reset, or (RSS, RSS) on CPU."""
+    if device_type == "cuda":
+        gib = 1024**3
+        return torch.cuda.max_memory_allocated() / gib, torch.cuda.max_memory_reserved() / gib
+    rss = _rss_gib()
+    return rss, rss
+
+
+def reset_peak_memory() -> None:
+    if device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _rss_gib() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 1024**3
+    except (OSError, ValueError):
+        return float("nan")

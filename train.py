@@ -1,0 +1,168 @@
+"""Pretrain a Llama model: ``python train.py --job.config_file train_configs/debug_model.toml``.
+
+Read top to bottom, this file is the story of a run: configuration, processes and devices, data,
+model, parallelism, optimizer, then the training loop. Features live in ``torchtitan/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from torchtitan import utils
+from torchtitan.config_manager import JobConfig, help_text, parse_args
+from torchtitan.errors import TorchTitanError
+from torchtitan.log import init_logger, logger
+from torchtitan.metrics import MetricsProcessor, tb_run_dir
+from torchtitan.parallelisms.parallelize_llama import param_dtype
+from torchtitan.preflight import check
+
+
+def train(job_config: JobConfig) -> None:
+    # ---- processes, devices, seeds
+    device = utils.init_device()
+    utils.init_distributed(device)
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    init_logger(rank)
+    plan = check(job_config, world_size)
+    dims, spec = plan.dims, plan.spec
+    logger.info(f"Starting job: {job_config.job.description}")
+    logger.info(
+        f"world_size={world_size} {dims.layout()} device={device} backend={utils.dist_backend}"
+    )
+    if job_config.job.print_config and rank == 0:
+        print(job_config.to_toml(), flush=True)
+    mesh = dims.build_mesh(utils.device_type) if world_size > 1 else None
+    dp_mesh = dims.dp_mesh(mesh)
+    dp_rank = dp_mesh.get_local_rank() if dp_mesh is not None else 0
+    seed = utils.resolve_seed(job_config.debug.seed, device)
+    utils.set_determinism(seed, job_config.debug.deterministic)
+    logger.info(f"Seed {seed}, deterministic={job_config.debug.deterministic}")
+    gc_handler = utils.GarbageCollection(job_config.training.gc_freq)
+
+    # ---- tokenizer and data
+    t = job_config.training
+    tokenizer = spec.build_tokenizer_fn(job_config.model.tokenizer_path)
+    dataloader = spec.build_dataloader_fn(
+        dataset=t.dataset,
+        dataset_path=t.dataset_path,
+        tokenizer=tokenizer,
+        local_batch_size=t.local_batch_size,
+        seq_len=t.seq_len,
+        dp_rank=dp_rank,
+        dp_world_size=dims.dp,
+        text_field=t.dataset_text_field,
+        streaming=t.dataset_streaming,
+    )
+
+    # ---- model: described once, built on the meta device, parallelized, then materialized
+    model_args = dataclasses.replace(
+        plan.model_args, vocab_size=tokenizer.n_words, max_seq_len=t.seq_len
+    )
+    with torch.device("meta"):
+        model = spec.cls(model_args)
+    nparams, flops_per_token = spec.nparams_and_flops_fn(model, model_args, t.seq_len)
+    logger.info(
+        f"Model {job_config.model.name} {job_config.model.flavor}: {nparams:,} parameters, "
+        f"{flops_per_token:,} training FLOPs per token (seq_len {t.seq_len}), vocab {model_args.vocab_size}"
+    )
+    model = spec.parallelize_fn(model, mesh, dims, job_config, utils.device_type)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights()
+    model.train()
+    model_parts = [model]
+
+    # ---- optimizer, schedule, metrics
+    optimizer = spec.build_optimizer_fn(model_parts, job_config.optimizer)
+    lr_scheduler = spec.build_lr_scheduler_fn(optimizer, job_config.lr_scheduler, t.steps)
+    tb_dir = None
+    if job_config.metrics.enable_tensorboard:
+        tb_dir = tb_run_dir(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
+    metrics = MetricsProcessor(
+        flops_per_token=flops_per_token,
+        log_freq=job_config.metrics.log_freq,
+        tb_dir=tb_dir,
+        color=not job_config.metrics.disable_color_printing,
+        is_rank0=rank == 0,
+    )
+    autocast = _autocast(job_config, dims)
+    logger.info(
+        f"Global batch {plan.global_batch_size} sequences = local {t.local_batch_size} x dp {dims.dp} "
+        f"x {plan.grad_accum_steps} accumulation steps; training {t.steps} steps"
+    )
+
+    # ---- the training loop
+    data_iter = iter(dataloader)
+    for step in range(1, t.steps + 1):
+        gc_handler.run(step)
+        optimizer.zero_grad()
+        loss_sum = torch.zeros((), device=device)
+        for _ in range(plan.grad_accum_steps):
+            t0 = time.perf_counter()
+            inputs, labels = next(data_iter)
+            metrics.data_loading_times.append(time.perf_counter() - t0)
+            metrics.ntokens_since_last_log += labels.numel()
+            inputs, labels = inputs.to(device), labels.to(device)
+            with autocast:
+                loss = spec.loss_fn(model(inputs), labels) / plan.grad_accum_steps
+            loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = _clip_grad_norm(model_parts, t.max_norm)
+        optimizer.step()
+        lr = lr_scheduler.get_last_lr()[0]
+        lr_scheduler.step()
+        if metrics.should_log(step):
+            metrics.log(step, _dp_mean(loss_sum, dp_mesh), float(grad_norm), lr)
+    metrics.close()
+    logger.info("Training finished")
+
+
+def _autocast(job_config: JobConfig, dims) -> contextlib.AbstractContextManager:
+    """Without FSDP (whose policy casts parameters), mixed precision on GPU comes from autocast."""
+    dtype = param_dtype(job_config, utils.device_type)
+    if utils.device_type == "cuda" and dtype != torch.float32 and not dims.dp_shard_enabled:
+        return torch.autocast("cuda", dtype=dtype)
+    return contextlib.nullcontext()
+
+
+def _clip_grad_norm(model_parts: list[torch.nn.Module], max_norm: float) -> torch.Tensor:
+    params = [p for m in model_parts for p in m.parameters()]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def _dp_mean(value: torch.Tensor, dp_mesh) -> float:
+    if dp_mesh is not None and dp_mesh.size() > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.AVG, group=dp_mesh.get_group())
+    return float(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    init_logger()
+    try:
+        train(parse_args(argv))
+    except TorchTitanError as e:
+        if int(os.environ.get("RANK", "0")) == 0 or e.exit_code != 2:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
