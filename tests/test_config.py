@@ -18,7 +18,7 @@ TOKENIZER = str(ROOT / "tests" / "assets" / "tokenizer" / "tiktoken.model")
 
 def _toml(tmp_path: Path, text: str) -> str:
     path = tmp_path / "job.toml"
-    path.write_text(f'[model]\ntokenizer_path = "{TOKENIZER}"\n' + text)
+    path.write_text(text + f'\n[model]\ntokenizer_path = "{TOKENIZER}"\n')
     return str(path)
 
 
@@ -60,7 +60,7 @@ def test_cli_forms(tmp_path):
             "--job.print_config=true",
             "--metrics.disable_color_printing",
             "false",
-            "--model.converters",
+            "--checkpoint.exclude_from_loading",
             "a, b",
             "--optimizer.lr",
             "1e-4",
@@ -73,6 +73,7 @@ def test_cli_forms(tmp_path):
     assert cfg.training.steps == 3
     assert cfg.metrics.enable_tensorboard is True and cfg.job.print_config is True
     assert cfg.metrics.disable_color_printing is False
+    assert cfg.checkpoint.exclude_from_loading == ["a", "b"]
     assert cfg.optimizer.lr == 1e-4 and cfg.debug.seed == 0
     assert cfg.lr_scheduler.decay_ratio == 0.5
 

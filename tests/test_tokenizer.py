@@ -1,0 +1,653 @@
+"""Tokenizers, the committed test tokenizers and the script that builds them, and the Hub
+download script."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from torchtitan.datasets.tokenizer import (  # noqa: E402
+    MAX_RUN_CHARS,
+    SentencePieceTokenizer,
+    TikTokenizer,
+    Tokenizer,
+    _encode_chunks,
+    _split_long_runs,
+    build_tokenizer,
+    llama3_special_tokens,
+)
+from torchtitan.errors import ConfigError  # noqa: E402
+
+ASSETS = REPO_ROOT / "tests" / "assets" / "tokenizer"
+TIKTOKEN_PATH = ASSETS / "tiktoken.model"
+SENTENCEPIECE_PATH = ASSETS / "sentencepiece.model"
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(
+        f"_script_{name}", REPO_ROOT / "scripts" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tt() -> TikTokenizer:
+    return TikTokenizer(TIKTOKEN_PATH)
+
+
+@pytest.fixture(scope="module")
+def sp() -> SentencePieceTokenizer:
+    return SentencePieceTokenizer(SENTENCEPIECE_PATH)
+
+
+@pytest.fixture(scope="module", params=["tiktoken", "sentencepiece"])
+def tok(request, tt, sp) -> Tokenizer:
+    return tt if request.param == "tiktoken" else sp
+
+
+TEXTS = {
+    "empty": "",
+    "ascii": "The quick brown fox jumps over the lazy dog. It's 2024; isn't it?",
+    "code": 'def f(x: int) -> int:\n    """Doc."""\n    return x ** 2  # square\n',
+    "unicode": "naïve café, Ελληνικά, русский, 日本語のテキスト, עברית, हिन्दी",
+    "emoji": "emoji 😀👍🏽👨‍👩‍👧 flags 🇫🇷 and ✔︎",
+    "whitespace": "  lead\t\ttabs \n\n\n  trailing   \r\n\x0b\x0cend   ",
+    "only_spaces": "        ",
+    "newlines": "\n" * 50,
+    "numbers": "3.14159 1234567890 0x1F 1e-9 -42",
+    "control": "nul\x00 bell\x07 del\x7f",
+    "special_text": "<|begin_of_text|>hi<|end_of_text|> <s> </s> <unk> <|eot_id|>",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_round_trip(tok, name):
+    text = TEXTS[name]
+    ids = tok.encode(text, bos=False, eos=False)
+    assert all(isinstance(i, int) and 0 <= i < tok.n_words for i in ids)
+    assert tok.decode(ids) == text
+
+
+def test_round_trip_with_bos_eos_decodes_plain_text(sp):
+    # SentencePiece renders bos/eos as nothing; the text between them survives.
+    text = TEXTS["ascii"]
+    assert sp.decode(sp.encode(text, bos=True, eos=True)) == text
+
+
+def _million_char_text() -> str:
+    paragraph = "Tokenizers turn text into integers. Ünïcödé, 数字 123456, emoji 🚀 and\ttabs.\n\n"
+    parts = [paragraph * 5000, " " * 100_000, "x" * 60_000, "\n" * 30_000, "é" * 40_000]
+    text = "".join(parts)
+    text += paragraph * ((1_000_000 - len(text)) // len(paragraph) + 1)
+    return text[:1_000_000]
+
+
+def test_round_trip_one_million_chars(tok):
+    text = _million_char_text()
+    assert len(text) == 1_000_000
+    ids = tok.encode(text, bos=True, eos=True)
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id
+    assert tok.decode(ids[1:-1]) == text
+
+
+@pytest.mark.parametrize("char", [" ", "a", "\n", "😀"])
+def test_tiktoken_long_runs(tt, char):
+    text = char * 300_000
+    assert tt.decode(tt.encode(text, bos=False, eos=False)) == text
+
+
+def test_split_long_runs():
+    text = "ab" + " " * 10 + "cdefghij" + "\n\n" + "k"
+    pieces = list(_split_long_runs(text, 3))
+    assert "".join(pieces) == text
+    for piece in pieces:
+        run = longest = 0
+        for a, b in zip(" " + piece, piece):
+            run = run + 1 if a.isspace() == b.isspace() else 1
+            longest = max(longest, run)
+        assert longest <= 3
+    assert list(_split_long_runs("short text", 5)) == ["short text"]
+    assert list(_split_long_runs("", 3)) == []
+
+
+def test_chunking_is_invisible_on_ordinary_text(tt):
+    text = TEXTS["ascii"] + TEXTS["unicode"] + " " * MAX_RUN_CHARS
+    assert list(_encode_chunks(text)) == [text]
+    assert tt.encode(text, bos=False, eos=False) == tt._model.encode_ordinary(text)
+
+
+def test_bos_eos(tok):
+    body = tok.encode("hello world", bos=False, eos=False)
+    assert body and tok.bos_id not in body and tok.eos_id not in body
+    assert tok.encode("hello world", bos=True, eos=False) == [tok.bos_id, *body]
+    assert tok.encode("hello world", bos=False, eos=True) == [*body, tok.eos_id]
+    assert tok.encode("hello world", bos=True, eos=True) == [tok.bos_id, *body, tok.eos_id]
+    assert tok.encode("", bos=True, eos=True) == [tok.bos_id, tok.eos_id]
+    assert tok.encode("", bos=False, eos=False) == []
+
+
+def test_tiktoken_ids(tt):
+    assert tt.n_words == 2000 + 256
+    assert (tt.bos_id, tt.eos_id, tt.pad_id) == (2000, 2001, -1)
+    assert tt.decode([tt.bos_id]) == "<|begin_of_text|>"
+    assert tt.decode([tt.eos_id]) == "<|end_of_text|>"
+    specials = tt.special_tokens
+    assert len(specials) == 256
+    assert sorted(specials.values()) == list(range(2000, 2256))
+    assert specials["<|eot_id|>"] == 2009
+    assert specials["<|python_tag|>"] == 2010
+    assert specials["<|reserved_special_token_246|>"] == 2255
+
+
+def test_llama3_special_token_order():
+    tokens = llama3_special_tokens()
+    assert len(tokens) == len(set(tokens)) == 256
+    assert tokens[:11] == [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|reserved_special_token_0|>",
+        "<|reserved_special_token_1|>",
+        "<|finetune_right_pad_id|>",
+        "<|step_id|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eom_id|>",
+        "<|eot_id|>",
+        "<|python_tag|>",
+    ]
+    assert tokens[11] == "<|reserved_special_token_2|>"
+    assert tokens[-1] == "<|reserved_special_token_246|>"
+
+
+def test_sentencepiece_ids(sp):
+    assert sp.n_words == 2000
+    assert (sp.bos_id, sp.eos_id, sp.pad_id) == (1, 2, -1)
+    assert sp._model.unk_id() == 0
+
+
+@pytest.mark.parametrize(
+    "text", ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "x<|python_tag|>y"]
+)
+def test_tiktoken_special_text_is_plain_text(tt, text):
+    ids = tt.encode(text, bos=False, eos=False)
+    assert all(i < 2000 for i in ids), ids
+    assert len(ids) > 1
+    assert tt.decode(ids) == text
+
+
+@pytest.mark.parametrize("text", ["<s>", "</s>", "<unk>", "<s>hi</s>"])
+def test_sentencepiece_special_text_is_plain_text(sp, text):
+    ids = sp.encode(text, bos=False, eos=False)
+    assert not {0, 1, 2} & set(ids), ids
+    assert sp.decode(ids) == text
+
+
+def test_autodetect(tmp_path):
+    assert isinstance(build_tokenizer(str(TIKTOKEN_PATH)), TikTokenizer)
+    assert isinstance(build_tokenizer(str(SENTENCEPIECE_PATH)), SentencePieceTokenizer)
+    # The kind comes from the content, not the name.
+    shutil.copy(TIKTOKEN_PATH, tmp_path / "tokenizer.model")
+    shutil.copy(SENTENCEPIECE_PATH, tmp_path / "bpe.tiktoken")
+    assert isinstance(build_tokenizer(str(tmp_path / "tokenizer.model")), TikTokenizer)
+    assert isinstance(build_tokenizer(tmp_path / "bpe.tiktoken"), SentencePieceTokenizer)
+
+
+def test_autodetect_crlf_and_partial_sniff(tmp_path, monkeypatch, tt):
+    import torchtitan.datasets.tokenizer as tokenizer_module
+
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(TIKTOKEN_PATH.read_bytes().replace(b"\n", b"\r\n"))
+    monkeypatch.setattr(tokenizer_module, "_SNIFF_BYTES", 100)  # only the file's start is read
+    tok = build_tokenizer(path)
+    assert isinstance(tok, TikTokenizer)
+    text = TEXTS["ascii"]
+    assert tok.encode(text, bos=True, eos=True) == tt.encode(text, bos=True, eos=True)
+
+
+def test_error_file_too_large(tmp_path, monkeypatch):
+    import torchtitan.datasets.tokenizer as tokenizer_module
+
+    monkeypatch.setattr(tokenizer_module, "_MAX_TOKENIZER_BYTES", 1000)
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"\0" * 1001)
+    assert "too large" in _assert_config_error(path)
+
+
+def _assert_config_error(path) -> str:
+    with pytest.raises(ConfigError) as info:
+        build_tokenizer(str(path))
+    message = str(info.value)
+    assert "model.tokenizer_path" in message
+    assert str(path) in message
+    assert "\n" not in message
+    return message
+
+
+def test_error_missing_file(tmp_path):
+    assert "does not exist" in _assert_config_error(tmp_path / "nope.model")
+
+
+def test_error_directory(tmp_path):
+    assert "directory" in _assert_config_error(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        bytes(range(256)) * 10,
+        b"",
+        b"hello world\n",
+        "not base64 at all é\n".encode(),
+        b"\x89PNG\r\n\x1a\n" + b"\x00" * 100,
+    ],
+    ids=["binary", "empty", "text", "utf8-text", "png"],
+)
+def test_error_unrecognised_file(tmp_path, content):
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(content)
+    message = _assert_config_error(path)
+    assert "neither a tiktoken BPE file nor a SentencePiece model" in message
+    assert "download_tokenizer.py" in message
+
+
+def test_error_malformed_bpe_file(tmp_path):
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(b"YQ== 0\nYQ== 1\n")  # the same token twice
+    message = _assert_config_error(path)
+    assert "tiktoken" in message
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root can read any file"
+)
+def test_error_unreadable_file(tmp_path):
+    path = tmp_path / "tokenizer.model"
+    shutil.copy(TIKTOKEN_PATH, path)
+    path.chmod(0)
+    try:
+        assert "cannot read" in _assert_config_error(path)
+    finally:
+        path.chmod(0o644)
+
+
+def test_error_unreadable_file_simulated(tmp_path, monkeypatch):
+    import torchtitan.datasets.tokenizer as tokenizer_module
+
+    def deny(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    path = tmp_path / "tokenizer.model"
+    shutil.copy(TIKTOKEN_PATH, path)
+    monkeypatch.setattr(tokenizer_module, "open", deny, raising=False)
+    assert "cannot read" in _assert_config_error(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/build_test_tokenizers.py and the committed assets
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def build_script():
+    return _load_script("build_test_tokenizers")
+
+
+def test_tiktoken_asset_ranks(tt):
+    from tiktoken.load import load_tiktoken_bpe
+
+    ranks = load_tiktoken_bpe(str(TIKTOKEN_PATH))
+    assert sorted(ranks.values()) == list(range(2000))
+    for b in range(256):
+        assert ranks[bytes([b])] == b
+    for token, rank in ranks.items():
+        if rank < 256:
+            continue
+        # Every learned token joins two lower-ranked tokens ...
+        assert any(
+            ranks.get(token[:k], rank) < rank and ranks.get(token[k:], rank) < rank
+            for k in range(1, len(token))
+        ), token
+        # ... and tiktoken's rank-ordered merging rebuilds it from its bytes.
+        assert tt._model._encode_bytes(token) == [rank], token
+
+
+def test_sentencepiece_asset_settings():
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(SENTENCEPIECE_PATH.read_bytes())
+    spec = proto.trainer_spec
+    assert spec.model_type == pb.TrainerSpec.BPE
+    assert spec.vocab_size == len(proto.pieces) == 2000
+    assert spec.byte_fallback
+    assert (spec.unk_id, spec.bos_id, spec.eos_id, spec.pad_id) == (0, 1, 2, -1)
+    assert proto.normalizer_spec.name == "identity"
+
+
+@pytest.fixture(scope="module")
+def fresh_build(build_script):
+    """(documents, freshly trained assets, whether the corpus is the one of the committed assets)"""
+    docs = build_script.corpus_documents()
+    same_corpus = build_script.corpus_fingerprint(docs) == build_script.CORPUS_SHA256
+    return docs, build_script.build_assets(docs), same_corpus
+
+
+def test_build_script_reproduces_assets(build_script, fresh_build):
+    docs, assets, same_corpus = fresh_build
+    if not same_corpus:
+        # Another Python gives another corpus: check only that training is deterministic.
+        assert build_script.build_assets(docs) == assets
+        pytest.skip(
+            f"corpus differs from the assets' (Python {build_script.CORPUS_PYTHON}); "
+            "checked determinism only"
+        )
+    for name, data in assets.items():
+        committed = (ASSETS / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == hashlib.sha256(committed).hexdigest(), name
+
+
+def test_train_bpe_small_corpus(build_script):
+    counts = build_script.pretokenize(["low lower lowest newer newest wider widest"] * 3)
+    ranks = build_script.train_bpe(counts, 270)
+    assert len(ranks) == 270
+    assert sorted(ranks.values()) == list(range(270))
+    learned = sorted(ranks, key=ranks.get)[256:]
+    assert len(set(learned)) == len(learned)
+    assert b" lo" in learned
+    for token in learned:
+        assert any(
+            ranks.get(token[:k], 270) < ranks[token] and ranks.get(token[k:], 270) < ranks[token]
+            for k in range(1, len(token))
+        )
+    with pytest.raises(ValueError, match="corpus too small"):
+        build_script.train_bpe(counts, 5000)
+
+
+def test_build_script_check_mode(build_script, fresh_build, monkeypatch, tmp_path, capsys):
+    docs, assets, same_corpus = fresh_build
+    monkeypatch.setattr(build_script, "corpus_documents", lambda: docs)
+    monkeypatch.setattr(build_script, "build_assets", lambda docs: assets)
+    for name, data in assets.items():
+        (tmp_path / name).write_bytes(data)
+    assert build_script.main(["--check", "--out_dir", str(tmp_path)]) == 0
+    (tmp_path / "tiktoken.model").write_bytes(b"stale")
+    assert build_script.main(["--check", "--out_dir", str(tmp_path)]) == 1
+    assert "tiktoken.model: differs from a fresh build" in capsys.readouterr().err
+    if same_corpus:
+        assert build_script.main(["--check"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/download_tokenizer.py
+# ---------------------------------------------------------------------------------------------
+
+SECRET = "hf_TESTtokenNOTREAL0123456789"
+REPO = "meta-llama/Meta-Llama-3.1-8B"
+
+
+@pytest.fixture()
+def dl(monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return _load_script("download_tokenizer")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--repo_id", ""],
+        ["--repo_id", "   "],
+        ["--repo_id", "no-slash"],
+        ["--repo_id", "a/b/c"],
+        ["--repo_id", "/name"],
+        ["--repo_id", "owner/"],
+        ["--repo_id", "own er/name"],
+        ["--repo_id", "owner/na..me"],
+        [],
+    ],
+)
+def test_download_bad_arguments(dl, capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        dl.main([*argv, "--hf_token", SECRET])
+    assert info.value.code == 2
+    out, err = capsys.readouterr()
+    assert "--repo_id" in err
+    assert SECRET not in out + err
+
+
+def test_repo_filename(dl):
+    assert dl.repo_filename("original") == "original/tokenizer.model"
+    assert dl.repo_filename("original/") == "original/tokenizer.model"
+    assert dl.repo_filename("") == "tokenizer.model"
+
+
+def test_download_passes_arguments(dl, monkeypatch, capsys, tmp_path):
+    calls = []
+
+    def fake(**kwargs):
+        calls.append(kwargs)
+        return str(Path(kwargs["local_dir"]) / kwargs["filename"])
+
+    monkeypatch.setattr(dl, "hf_hub_download", fake)
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    assert dl.main(["--repo_id", REPO, "--local_dir", str(tmp_path)]) == 0
+    assert calls[-1] == {
+        "repo_id": REPO,
+        "filename": "original/tokenizer.model",
+        "local_dir": str(tmp_path),
+        "token": SECRET,
+    }
+    out, err = capsys.readouterr()
+    assert out.strip() == str(tmp_path / "original" / "tokenizer.model")
+    assert SECRET not in out + err
+
+    assert dl.main(["--repo_id", REPO, "--hf_token", "other", "--tokenizer_path", ""]) == 0
+    assert calls[-1]["token"] == "other"
+    assert calls[-1]["filename"] == "tokenizer.model"
+    assert calls[-1]["local_dir"] == "assets/tokenizer/"
+
+    monkeypatch.delenv("HF_TOKEN")
+    assert dl.main(["--repo_id", REPO]) == 0
+    assert calls[-1]["token"] is None
+
+
+def test_download_never_echoes_exception_text(dl, monkeypatch, capsys):
+    def fake(**kwargs):
+        raise RuntimeError(f"something went wrong with token {kwargs['token']}")
+
+    monkeypatch.setattr(dl, "hf_hub_download", fake)
+    assert dl.main(["--repo_id", REPO, "--hf_token", SECRET]) == 1
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err
+    assert err.startswith("download_tokenizer.py: error:") and err.count("\n") == 1
+
+
+def test_download_local_write_error(dl, monkeypatch, capsys):
+    def fake(**kwargs):
+        raise PermissionError(13, "Permission denied", "/readonly/original/tokenizer.model")
+
+    monkeypatch.setattr(dl, "hf_hub_download", fake)
+    assert dl.main(["--repo_id", REPO, "--hf_token", SECRET]) == 1
+    err = capsys.readouterr().err
+    assert "Permission denied" in err and "/readonly/original/tokenizer.model" in err
+
+
+class FakeHub:
+    """A stand-in for the Hub behind huggingface_hub's real HTTP client (a mock transport), so
+    the real ``hf_hub_download`` runs and raises its real exceptions."""
+
+    def __init__(self, respond):
+        import huggingface_hub
+        from huggingface_hub.utils import _http
+
+        if not hasattr(huggingface_hub, "set_client_factory"):
+            pytest.skip("this huggingface_hub has no set_client_factory")
+        http = sys.modules[type(_http.get_session()).__module__.split(".")[0]]
+        if not hasattr(http, "MockTransport"):
+            pytest.skip("huggingface_hub's HTTP library has no MockTransport")
+        self.http = http
+        self.requests = []
+        self._respond = respond
+        self._previous_factory = _http._GLOBAL_CLIENT_FACTORY
+        huggingface_hub.set_client_factory(
+            lambda: http.Client(transport=http.MockTransport(self._handle), follow_redirects=True)
+        )
+
+    def close(self) -> None:
+        import huggingface_hub
+
+        huggingface_hub.set_client_factory(self._previous_factory)
+
+    def _handle(self, request):
+        if "/resolve/" not in request.url.path:  # side requests the library may make
+            return self.response(404, request)
+        self.requests.append(request)
+        return self._respond(self, request)
+
+    def response(self, status, request, headers=None, content=b""):
+        return self.http.Response(status, headers=headers or {}, content=content, request=request)
+
+
+@pytest.fixture()
+def fake_hub(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("time.sleep", lambda seconds: None)  # the library's retry backoff
+    hubs = []
+
+    def make(respond):
+        hubs.append(FakeHub(respond))
+        return hubs[-1]
+
+    yield make
+    for hub in hubs:
+        hub.close()
+
+
+def _error_line(capsys) -> str:
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("download_tokenizer.py:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_download_gated(dl, fake_hub, capsys, tmp_path, status):
+    hub = fake_hub(
+        lambda hub, req: hub.response(
+            status, req, {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access restricted"}
+        )
+    )
+    argv = ["--repo_id", REPO, "--hf_token", SECRET, "--local_dir", str(tmp_path)]
+    assert dl.main(argv) == 1
+    line = _error_line(capsys)
+    assert "gated" in line and "licence" in line and f"https://huggingface.co/{REPO}" in line
+    assert hub.requests[0].headers["authorization"] == f"Bearer {SECRET}"
+
+
+def test_download_forbidden_token(dl, fake_hub, capsys, tmp_path):
+    # A plain 403 (a fine-grained token without access to gated repositories, say).
+    fake_hub(lambda hub, req: hub.response(403, req, {"X-Error-Message": "Forbidden"}))
+    assert dl.main(["--repo_id", REPO, "--hf_token", SECRET, "--local_dir", str(tmp_path)]) == 1
+    line = _error_line(capsys)
+    assert "gated" in line and "token" in line
+
+
+@pytest.mark.parametrize("status", [401, 404])
+def test_download_repo_not_found(dl, fake_hub, capsys, tmp_path, status):
+    fake_hub(lambda hub, req: hub.response(status, req, {"X-Error-Code": "RepoNotFound"}))
+    argv = ["--repo_id", "nobody/no-such-model", "--local_dir", str(tmp_path)]
+    assert dl.main(argv) == 1
+    line = _error_line(capsys)
+    assert "nobody/no-such-model" in line and "not found" in line
+    assert "--hf_token" in line  # no token was given: say how to pass one
+
+
+def test_download_file_not_found(dl, fake_hub, capsys, tmp_path):
+    fake_hub(lambda hub, req: hub.response(404, req, {"X-Error-Code": "EntryNotFound"}))
+    argv = ["--repo_id", REPO, "--hf_token", SECRET, "--local_dir", str(tmp_path)]
+    argv += ["--tokenizer_path", "nope"]
+    assert dl.main(argv) == 1
+    line = _error_line(capsys)
+    assert "nope/tokenizer.model" in line and REPO in line and "--tokenizer_path" in line
+
+
+def test_download_network_error(dl, fake_hub, capsys, tmp_path):
+    def respond(hub, request):
+        raise hub.http.ConnectError("[Errno -2] Name or service not known", request=request)
+
+    hub = fake_hub(respond)
+    assert dl.main(["--repo_id", REPO, "--hf_token", SECRET, "--local_dir", str(tmp_path)]) == 1
+    line = _error_line(capsys)
+    assert "could not be reached" in line
+    assert len(hub.requests) > 1  # the library retried before giving up
+
+
+def test_download_server_error(dl, fake_hub, capsys, tmp_path):
+    fake_hub(lambda hub, req: hub.response(503, req))
+    assert dl.main(["--repo_id", REPO, "--hf_token", SECRET, "--local_dir", str(tmp_path)]) == 1
+    line = _error_line(capsys)
+    assert "HTTP 503" in line and "try again later" in line
+
+
+def test_download_success(dl, fake_hub, capsys, tmp_path):
+    content = TIKTOKEN_PATH.read_bytes()
+    etag = hashlib.sha256(content).hexdigest()
+
+    def respond(hub, request):
+        assert request.url.path == f"/{REPO}/resolve/main/original/tokenizer.model"
+        headers = {
+            "ETag": f'"{etag}"',
+            "X-Repo-Commit": "0123456789abcdef0123456789abcdef01234567",
+            "Content-Length": str(len(content)),
+        }
+        return hub.response(200, request, headers, b"" if request.method == "HEAD" else content)
+
+    fake_hub(respond)
+    assert dl.main(["--repo_id", REPO, "--hf_token", SECRET, "--local_dir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err
+    path = Path(out.strip().splitlines()[-1])
+    assert path == tmp_path / "original" / "tokenizer.model"
+    assert path.read_bytes() == content
+    assert isinstance(build_tokenizer(str(path)), TikTokenizer)
+
+
+def test_download_offline_subprocess(tmp_path):
+    env = dict(os.environ)
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN=SECRET)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "scripts" / "download_tokenizer.py"),
+            "--repo_id",
+            REPO,
+            "--local_dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert SECRET not in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "HF_HUB_OFFLINE" in result.stderr
