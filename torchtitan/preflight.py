@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchtitan.config_manager import JobConfig, parse_args
+from torchtitan.datasets.hf_datasets import check_dataset_config
 from torchtitan.errors import ConfigError, TorchTitanError
 from torchtitan.parallelisms.parallel_dims import ParallelDims
 from torchtitan.train_spec import TrainSpec, get_model_args, get_train_spec
@@ -38,6 +39,7 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
         pp=p.pipeline_parallel_degree,
         world_size=world_size,
     )
+    check_dataset_config(t.dataset, t.dataset_path)
     spec = get_train_spec(job_config.model.name)
     model_args = get_model_args(job_config.model.name, job_config.model.flavor)
     per_step = t.local_batch_size * dims.dp

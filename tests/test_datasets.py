@@ -1,0 +1,572 @@
+"""Tests of the Hugging Face ``datasets`` data loader: sources, packing, sharding, resume, errors.
+
+Everything runs offline on tiny local files; the ``datasets`` cache and the debug corpus are kept in
+temporary folders.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import logging
+from pathlib import Path
+
+import datasets
+import huggingface_hub.constants
+import pytest
+import torch
+
+from torchtitan.datasets import hf_datasets
+from torchtitan.datasets.hf_datasets import DATASETS, build_hf_dataloader
+from torchtitan.errors import ConfigError, DataError
+
+TOKENIZER_ASSET = Path(__file__).parent / "assets" / "tokenizer" / "tiktoken.model"
+
+
+class ByteTokenizer:
+    """UTF-8 bytes 0..255, BOS 256, EOS 257."""
+
+    n_words = 258
+    bos_id = 256
+    eos_id = 257
+
+    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+    def decode(self, ids) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+TOK = ByteTokenizer()
+
+
+@pytest.fixture(scope="session")
+def torchtitan_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("torchtitan_cache")
+
+
+@pytest.fixture(autouse=True)
+def offline_tmp_caches(tmp_path_factory, torchtitan_cache, monkeypatch):
+    """No Hub access, and no writes to the user's caches."""
+    hf_cache = tmp_path_factory.mktemp("hf_datasets_cache")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_cache))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_cache)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("TORCHTITAN_CACHE", str(torchtitan_cache))
+
+
+# ---- helpers
+
+
+def make_docs(n: int, prefix: str = "doc") -> list[str]:
+    """Distinct documents of varied lengths."""
+    return [f"{prefix} {i:03d}:" + "abcdefghij"[: (i * 3) % 11] for i in range(n)]
+
+
+def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({field: t, "id": len(t)}) + "\n")
+    return path
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def token_stream(texts: list[str]) -> list[int]:
+    out: list[int] = []
+    for t in texts:
+        out.extend(TOK.encode(t, bos=True, eos=True))
+    return out
+
+
+def build(path, **kw):
+    args = dict(
+        dataset="local",
+        dataset_path=str(path),
+        tokenizer=TOK,
+        local_batch_size=2,
+        seq_len=5,
+    )
+    args.update(kw)
+    return build_hf_dataloader(**args)
+
+
+def take(it, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [next(it) for _ in range(n)]
+
+
+def windows(batches) -> list[list[int]]:
+    """The seq_len + 1 token windows the batches were cut from."""
+    out = []
+    for inputs, labels in batches:
+        out.extend(torch.cat([inputs, labels[:, -1:]], dim=1).tolist())
+    return out
+
+
+def flat(batches) -> list[int]:
+    return [t for w in windows(batches) for t in w]
+
+
+def assert_same_batches(a, b) -> None:
+    assert len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def assert_covers(batches, texts: list[str], need: int) -> None:
+    """The batches are the tokenized texts in order, less a tail shorter than one batch."""
+    got, expected = flat(batches), token_stream(texts)
+    assert got == expected[: len(got)]
+    assert len(expected) - len(got) < need
+
+
+def roundtrip(state: dict) -> dict:
+    """As a checkpoint would: through torch.save / torch.load."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+# ---- packing
+
+
+def test_packing_windows_labels_and_order(tmp_path):
+    texts = make_docs(9)
+    path = write_jsonl(tmp_path / "d.jsonl", texts)
+    batches = list(build(path, local_batch_size=3, seq_len=7, infinite=False))
+    assert batches
+    for inputs, labels in batches:
+        assert inputs.shape == labels.shape == (3, 7)
+        assert inputs.dtype == labels.dtype == torch.long
+        assert torch.equal(labels[:, :-1], inputs[:, 1:])
+    assert all(len(w) == 8 for w in windows(batches))
+    assert_covers(batches, texts, need=3 * 8)
+    stream = flat(batches)
+    assert stream[0] == TOK.bos_id and TOK.eos_id in stream
+
+
+def test_infinite_stream_repeats_the_shard(tmp_path):
+    texts = make_docs(5)
+    path = write_jsonl(tmp_path / "d.jsonl", texts)
+    one_pass = token_stream(texts)
+    batches = take(iter(build(path, local_batch_size=2, seq_len=6)), 20)
+    got = flat(batches)
+    assert got == (one_pass * (len(got) // len(one_pass) + 1))[: len(got)]
+
+
+# ---- sources
+
+
+def _write_source(kind: str, root: Path, texts: list[str]) -> Path:
+    if kind == "jsonl":
+        return write_jsonl(root / "d.jsonl", texts)
+    if kind == "json":
+        path = root / "d.json"
+        path.write_text(json.dumps([{"text": t} for t in texts]), encoding="utf-8")
+        return path
+    if kind == "json.gz":
+        path = root / "d.jsonl.gz"
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+        return path
+    if kind == "parquet":
+        path = root / "d.parquet"
+        datasets.Dataset.from_dict({"text": texts}).to_parquet(str(path))
+        return path
+    if kind == "txt_file":
+        path = root / "d.txt"
+        path.write_text(texts[0], encoding="utf-8")
+        return path
+    if kind == "txt_folder":
+        folder = root / "txt"
+        folder.mkdir()
+        for i, t in enumerate(texts):
+            (folder / f"{i:03d}.txt").write_text(t, encoding="utf-8")
+        (folder / "notes.md").write_text("ignored: not a data file")
+        return folder
+    if kind == "save_to_disk":
+        folder = root / "saved"
+        datasets.Dataset.from_dict({"text": texts, "n": list(range(len(texts)))}).save_to_disk(
+            str(folder)
+        )
+        return folder
+    if kind == "save_to_disk_dict":
+        folder = root / "saved_dict"
+        datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts})}).save_to_disk(
+            str(folder)
+        )
+        return folder
+    if kind == "jsonl_folder":
+        folder = root / "shards"
+        write_jsonl(folder / "part-000.jsonl", texts[:4])
+        write_jsonl(folder / "part-001.jsonl", texts[4:])
+        write_jsonl(folder / ".cache" / "hidden.jsonl", ["must not be read"])
+        return folder
+    raise AssertionError(kind)
+
+
+FORMATS = [
+    "jsonl",
+    "json",
+    "json.gz",
+    "parquet",
+    "txt_file",
+    "txt_folder",
+    "save_to_disk",
+    "save_to_disk_dict",
+    "jsonl_folder",
+]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+@pytest.mark.parametrize("kind", FORMATS)
+def test_local_formats_load(tmp_path, kind, streaming):
+    texts = make_docs(7)
+    if kind in ("txt_file", "txt_folder"):
+        texts = [f"Paragraph one of file {i}.\n\nParagraph two\nof file {i}.\n" for i in range(3)]
+        texts = texts[:1] if kind == "txt_file" else texts
+    path = _write_source(kind, tmp_path, texts)
+    loader = build(path, local_batch_size=1, seq_len=3, infinite=False, streaming=streaming)
+    assert loader.streaming is streaming
+    batches = list(loader)
+    assert_covers(batches, texts, need=4)
+
+
+def test_text_field_option(tmp_path):
+    texts = make_docs(6)
+    path = write_jsonl(tmp_path / "d.jsonl", texts, field="content")
+    batches = list(build(path, text_field="content", local_batch_size=1, infinite=False))
+    assert_covers(batches, texts, need=6)
+
+
+def test_named_debug_dataset(torchtitan_cache):
+    loader = build_hf_dataloader(
+        dataset="python_docs",
+        dataset_path=None,
+        tokenizer=TOK,
+        local_batch_size=2,
+        seq_len=64,
+    )
+    assert not loader.streaming and loader.label == "python_docs"
+    assert len(loader._ds) > 1000
+    it = iter(loader)
+    inputs, labels = next(it)
+    assert inputs.shape == (2, 64) and torch.equal(labels[:, :-1], inputs[:, 1:])
+    text = TOK.decode(flat([next(it) for _ in range(20)]))
+    assert sum(c.isalpha() for c in text) > len(text) // 2  # English prose
+    # the corpus went to the temporary cache, through the same json builder as a local file
+    assert list(torchtitan_cache.rglob("train.jsonl"))
+
+
+def test_registry_hub_entries_call_load_dataset(tmp_path, monkeypatch):
+    local = write_jsonl(tmp_path / "d.jsonl", make_docs(4))
+    calls = []
+
+    def fake_load_dataset(path, name=None, split=None, streaming=False, **kw):
+        calls.append((path, name, split, streaming))
+        return datasets.load_dataset(
+            "json", data_files={split: [str(local)]}, split=split, streaming=streaming
+        )
+
+    monkeypatch.setattr(hf_datasets, "load_dataset", fake_load_dataset)
+    for name in ("c4", "c4_validation", "fineweb_edu"):
+        loader = build_hf_dataloader(
+            dataset=name, dataset_path=None, tokenizer=TOK, local_batch_size=1, seq_len=4
+        )
+        assert loader.streaming and loader.text_field == "text"
+        next(iter(loader))
+    build(path="someone/corpus")
+    build(path="someone/corpus", streaming=False, split="validation")
+    assert calls == [
+        ("allenai/c4", "en", "train", True),
+        ("allenai/c4", "en", "validation", True),
+        ("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", True),
+        ("someone/corpus", None, "train", True),
+        ("someone/corpus", None, "validation", False),
+    ]
+    assert set(DATASETS) >= {"c4", "c4_validation", "fineweb_edu", "python_docs"}
+
+
+def test_hub_id_unreachable_is_config_error():
+    with pytest.raises(ConfigError) as e:
+        build(path="nobody-here/no-such-dataset-xyz")
+    msg = str(e.value)
+    assert "training.dataset_path" in msg and "nobody-here/no-such-dataset-xyz" in msg
+
+
+# ---- epochs and stopping
+
+
+def test_epoch_end_is_logged(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logging.getLogger("torchtitan"), "propagate", True)
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(3))
+    with caplog.at_level(logging.INFO, logger="torchtitan"):
+        take(iter(build(path, local_batch_size=1, seq_len=4)), 30)
+    lines = [r.getMessage() for r in caplog.records]
+    assert f"dataset {path}: epoch 1 finished on dp rank 0, starting epoch 2" in lines
+    assert f"dataset {path}: epoch 2 finished on dp rank 0, starting epoch 3" in lines
+
+
+def test_non_infinite_loader_stops_and_rewinds(tmp_path):
+    texts = make_docs(6)
+    path = write_jsonl(tmp_path / "d.jsonl", texts)
+    loader = build(path, local_batch_size=2, seq_len=5, infinite=False)
+    first = list(loader)
+    assert len(first) == len(token_stream(texts)) // 12
+    assert_same_batches(list(loader), first)  # the next iter() is a fresh pass
+
+
+# ---- sharding
+
+
+@pytest.mark.parametrize(
+    "layout,streaming",
+    [("file", False), ("file", True), ("two_files", True), ("two_files", False)],
+)
+def test_dp_ranks_see_disjoint_documents_covering_all(tmp_path, layout, streaming):
+    texts = [f"doc{i:05d}" for i in range(11)]  # 8 bytes + BOS + EOS = one 10-token window each
+    if layout == "file":
+        path = write_jsonl(tmp_path / "d.jsonl", texts)
+    else:
+        write_jsonl(tmp_path / "f" / "a.jsonl", texts[:6])
+        path = write_jsonl(tmp_path / "f" / "b.jsonl", texts[6:]).parent
+    seen = []
+    for rank in range(2):
+        loader = build(
+            path,
+            local_batch_size=1,
+            seq_len=9,
+            dp_rank=rank,
+            dp_world_size=2,
+            streaming=streaming,
+            infinite=False,
+        )
+        seen.append({TOK.decode(w) for w in windows(loader)})
+    assert seen[0] and seen[1]
+    assert not seen[0] & seen[1]
+    assert seen[0] | seen[1] == set(texts)
+
+
+# ---- exact resume
+
+
+def _check_resume(make, k: int, m: int) -> None:
+    reference = take(iter(make()), k + m)
+    first = make()
+    it = iter(first)
+    take(it, k)
+    state = roundtrip(first.state_dict())
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert_same_batches(take(iter(resumed), m), reference[k:])
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+@pytest.mark.parametrize("k", [0, 1, 3, 5, 6, 7, 9, 12])
+def test_exact_resume_across_epochs(tmp_path, streaming, k):
+    # 5 documents ~ 60 tokens ~ 5 batches of 12 tokens per epoch: k..k+8 spans epoch boundaries
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(5))
+    _check_resume(lambda: build(path, streaming=streaming), k, m=8)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_exact_resume_on_a_second_dp_rank(tmp_path, streaming):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(9))
+    make = lambda: build(path, streaming=streaming, dp_rank=1, dp_world_size=2)  # noqa: E731
+    for k in (2, 4, 7):
+        _check_resume(make, k, m=6)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "txt_folder", "save_to_disk", "jsonl_folder"])
+@pytest.mark.parametrize("dp_rank,dp_world_size", [(0, 1), (1, 2)])
+def test_exact_resume_other_streamed_sources(tmp_path, kind, dp_rank, dp_world_size):
+    path = _write_source(kind, tmp_path, make_docs(8))
+    make = lambda: build(  # noqa: E731
+        path, streaming=True, dp_rank=dp_rank, dp_world_size=dp_world_size, seq_len=3
+    )
+    for k in (1, 4, 9):
+        _check_resume(make, k, m=6)
+
+
+def test_resume_with_long_document_leftover(tmp_path):
+    """A document longer than several batches: the leftover buffer carries the rest."""
+    texts = ["short one", "L" * 200, "after the long one"]
+    path = write_jsonl(tmp_path / "d.jsonl", texts)
+    for streaming in (False, True):
+        _check_resume(lambda s=streaming: build(path, streaming=s, seq_len=7), 3, m=10)
+
+
+def test_new_iter_continues_where_the_last_stopped(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(5))
+    for streaming in (False, True):
+        reference = take(iter(build(path, streaming=streaming)), 12)
+        loader = build(path, streaming=streaming)
+        got = take(iter(loader), 4) + take(iter(loader), 8)
+        assert_same_batches(got, reference)
+
+
+def test_state_dict_format_is_small_and_keyed_by_rank(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(50))
+    loader = build(path, streaming=True, dp_rank=1, dp_world_size=2)
+    take(iter(loader), 3)
+    state = loader.state_dict()
+    assert set(state) == {"dp_world_size", "dp_rank_1"} and state["dp_world_size"] == 2
+    blob = state["dp_rank_1"]
+    assert isinstance(blob, bytes) and len(blob) < 2000
+    inner = json.loads(blob)
+    assert inner["epoch"] == 0 and inner["row"] > 0 and inner["hf_state"]
+    assert len(inner["buffer"]) < 12 + 30  # leftover: less than a batch plus a document
+    assert "doc 049" not in blob.decode()
+
+
+# ---- errors
+
+
+def test_unknown_dataset_name():
+    with pytest.raises(ConfigError) as e:
+        build_hf_dataloader(
+            dataset="c5", dataset_path=None, tokenizer=TOK, local_batch_size=1, seq_len=4
+        )
+    msg = str(e.value)
+    assert "training.dataset" in msg and "'c5'" in msg
+    assert all(name in msg for name in ("c4", "c4_validation", "fineweb_edu", "python_docs"))
+
+
+@pytest.mark.parametrize(
+    "path", ["./missing.jsonl", "/no/such/dir", "data/train.jsonl", "just_a_name"]
+)
+def test_missing_local_path(path):
+    with pytest.raises(ConfigError) as e:
+        build(path=path)
+    msg = str(e.value)
+    assert "training.dataset_path" in msg and path in msg and "parquet" in msg
+
+
+def test_folder_without_usable_files(tmp_path):
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "README.md").write_text("hello")
+    with pytest.raises(ConfigError) as e:
+        build(tmp_path)
+    msg = str(e.value)
+    assert "training.dataset_path" in msg and str(tmp_path) in msg and "jsonl" in msg
+
+
+def test_folder_with_mixed_kinds(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", ["x"])
+    (tmp_path / "b.txt").write_text("y")
+    with pytest.raises(ConfigError, match="mixes"):
+        build(tmp_path)
+
+
+def test_unsupported_file(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("text\nhello\n")
+    with pytest.raises(ConfigError, match=r"training\.dataset_path.*data\.csv"):
+        build(path)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_row_without_text_field(tmp_path, streaming):
+    rows = [{"text": t} for t in make_docs(3)] + [{"body": "no text here", "id": 3}]
+    path = write_rows(tmp_path / "d.jsonl", rows)
+    with pytest.raises(DataError) as e:
+        list(build(path, streaming=streaming, infinite=False))
+    msg = str(e.value)
+    assert str(path) in msg and "row 3" in msg and "'text'" in msg
+    assert "['body', 'id']" in msg and "training.dataset_text_field" in msg
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_no_row_has_the_text_field(tmp_path, streaming):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(3), field="content")
+    with pytest.raises(DataError) as e:
+        next(iter(build(path, streaming=streaming)))
+    msg = str(e.value)
+    assert "row 0" in msg and "'text'" in msg and "content" in msg
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_non_string_text_value(tmp_path, streaming):
+    rows = [{"text": "fine"}, {"text": "also fine"}, {"text": 5}, {"text": "never read"}]
+    path = write_rows(tmp_path / "d.jsonl", rows)
+    with pytest.raises(DataError) as e:
+        list(build(path, streaming=streaming, infinite=False, local_batch_size=1))
+    msg = str(e.value)
+    assert "row 2" in msg and "'text'" in msg and "int" in msg and "not a string" in msg
+
+
+def test_bad_row_index_is_within_the_rank_shard(tmp_path):
+    rows = [{"text": f"doc {i}"} for i in range(10)]
+    rows[7] = {"title": "no text"}
+    path = write_rows(tmp_path / "d.jsonl", rows)
+    list(build(path, dp_rank=0, dp_world_size=2, infinite=False))  # rows 0-4: fine
+    with pytest.raises(DataError, match=r"row 2 of dp rank 1's shard"):
+        list(build(path, dp_rank=1, dp_world_size=2, infinite=False))
+
+
+def test_state_from_another_dp_world_size(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(8))
+    saved = build(path, dp_rank=0, dp_world_size=2)
+    take(iter(saved), 1)
+    state = saved.state_dict()
+    with pytest.raises(ConfigError) as e:
+        build(path).load_state_dict(state)
+    msg = str(e.value)
+    assert "dp world size 2" in msg and "dp world size 1" in msg
+    with pytest.raises(ConfigError, match="dp_rank_1"):
+        build(path, dp_rank=1, dp_world_size=2).load_state_dict(state)
+
+
+def test_state_from_other_streaming_mode(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(8))
+    saved = build(path, streaming=True)
+    take(iter(saved), 1)
+    with pytest.raises(ConfigError, match="training.dataset_streaming"):
+        build(path, streaming=False).load_state_dict(saved.state_dict())
+
+
+# ---- the real tokenizer
+
+
+@pytest.mark.skipif(
+    not TOKENIZER_ASSET.exists(), reason=f"test tokenizer asset {TOKENIZER_ASSET} not present yet"
+)
+def test_real_tokenizer_on_the_debug_corpus():
+    tokenizer_mod = pytest.importorskip("torchtitan.datasets.tokenizer")
+    tokenizer = tokenizer_mod.build_tokenizer(str(TOKENIZER_ASSET))
+    loader = build_hf_dataloader(
+        dataset="python_docs",
+        dataset_path=None,
+        tokenizer=tokenizer,
+        local_batch_size=2,
+        seq_len=32,
+    )
+    it = iter(loader)
+    batches = take(it, 4)
+    for inputs, labels in batches:
+        assert inputs.shape == (2, 32) and torch.equal(labels[:, :-1], inputs[:, 1:])
+        assert int(inputs.max()) < tokenizer.n_words and int(inputs.min()) >= 0
+    stream = flat(batches)
+    assert stream[0] == tokenizer.bos_id
+    assert any(c.isalpha() for c in tokenizer.decode(stream))
+    state = roundtrip(loader.state_dict())
+    resumed = build_hf_dataloader(
+        dataset="python_docs",
+        dataset_path=None,
+        tokenizer=tokenizer,
+        local_batch_size=2,
+        seq_len=32,
+    )
+    resumed.load_state_dict(state)
+    assert_same_batches(take(iter(resumed), 2), take(it, 2))

@@ -1,0 +1,137 @@
+"""End to end: the real launcher and train.py in real processes, on CPU with gloo."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
+
+
+def _launch(
+    tmp_path: Path, *args: str, ngpu: int = 1, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.update(
+        NGPU=str(ngpu),
+        TORCHTITAN_CACHE=str(tmp_path / "cache"),
+        HF_DATASETS_CACHE=str(tmp_path / "hf"),
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _losses(stdout: str) -> dict[int, float]:
+    return {int(s): float(v) for s, v in STEP_RE.findall(stdout)}
+
+
+@pytest.mark.slow
+def test_default_debug_run_loss_falls_and_writes_tensorboard(tmp_path):
+    out = _launch(tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "world_size=1 dp_replicate=1 dp_shard=1 cp=1 tp=1 pp=1" in out.stdout
+    losses = _losses(out.stdout)
+    first, last = losses[min(losses)], losses[max(losses)]
+    assert max(losses) == 60
+    assert first - last > 1.0, losses
+    assert "mfu: n/a" in out.stdout and "tps:" in out.stdout
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = list((tmp_path / "out" / "tb").iterdir())
+    assert len(runs) == 1
+    acc = EventAccumulator(str(runs[0]))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"loss", "lr", "grad_norm", "throughput/tps", "memory/peak_active_gib"} <= tags
+    tb_losses = {e.step: e.value for e in acc.Scalars("loss")}
+    assert tb_losses.keys() == losses.keys()
+    for step, value in losses.items():
+        assert tb_losses[step] == pytest.approx(value, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_four_cpu_workers_with_fsdp(tmp_path):
+    out = _launch(
+        tmp_path,
+        "--training.steps",
+        "6",
+        "--metrics.log_freq",
+        "1",
+        "--training.local_batch_size",
+        "2",
+        ngpu=4,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "world_size=4 dp_replicate=1 dp_shard=4 cp=1 tp=1 pp=1" in out.stdout
+    assert "Applied FSDP" in out.stdout
+    losses = _losses(out.stdout)
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert losses[6] < losses[1]
+
+
+@pytest.mark.slow
+def test_ddp_with_gradient_accumulation(tmp_path):
+    out = _launch(
+        tmp_path,
+        "--parallelism.data_parallel_replicate_degree",
+        "2",
+        "--parallelism.data_parallel_shard_degree",
+        "1",
+        "--training.global_batch_size",
+        "8",
+        "--training.local_batch_size",
+        "2",
+        "--training.steps",
+        "3",
+        "--metrics.log_freq",
+        "1",
+        ngpu=2,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "world_size=2 dp_replicate=2 dp_shard=1" in out.stdout
+    assert "Applied DDP" in out.stdout
+    assert "local 2 x dp 2 x 2 accumulation steps" in out.stdout
+    assert sorted(_losses(out.stdout)) == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "args, ngpu, expected",
+    [
+        (
+            ["--training.stepz", "3"],
+            1,
+            "error: command line: unknown key 'training.stepz'; did you mean 'training.steps'?",
+        ),
+        (
+            ["--parallelism.data_parallel_shard_degree", "3"],
+            2,
+            "error: parallelism: dp_replicate=1 x dp_shard=3",
+        ),
+        (
+            ["--parallelism.tensor_parallel_degree", "2"],
+            2,
+            "error: parallelism.tensor_parallel_degree: 2 is not available",
+        ),
+        (
+            ["--model.tokenizer_path", "nope.model"],
+            1,
+            "error: model.tokenizer_path: 'nope.model' does not exist",
+        ),
+        (["--training.dataset", "c5"], 1, "error: training.dataset: unknown dataset 'c5'"),
+    ],
+)
+def test_launcher_reports_bad_config_before_torchrun(tmp_path, args, ngpu, expected):
+    out = _launch(tmp_path, *args, ngpu=ngpu, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().startswith(expected), out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    assert "torch.distributed.run" not in out.stdout  # torchrun never started

@@ -1,0 +1,567 @@
+"""Pretraining data: Hugging Face ``datasets`` sources, packed into fixed-length token windows.
+
+Sources
+    Every source goes through ``datasets``: named datasets from :data:`DATASETS` (C4 and FineWeb-Edu
+    streamed from the Hub, the offline ``python_docs`` corpus read from a local JSON-lines file with
+    the ``json`` builder), or ``training.dataset_path``: a local file (``.json``, ``.jsonl``,
+    ``.json.gz``, ``.jsonl.gz``, ``.parquet``, ``.txt``), a ``Dataset.save_to_disk`` folder, a folder
+    of data files of one kind, or a Hub id ``owner/name``. Local files that are not streamed are
+    converted once to Arrow in the ``datasets`` cache (``HF_DATASETS_CACHE``), then memory-mapped.
+
+    A ``.txt`` file is one document (``sample_by="document"``): BOS/EOS tokens mark document
+    boundaries, and cutting a book or an article at blank lines or line breaks would teach the model
+    boundaries that are not there. Corpora whose documents are paragraphs or lines should be
+    converted to JSON lines (one ``{"text": ...}`` row per document) first; so should very large
+    text files, since each file is held in memory as a single row.
+
+Packing
+    Each document is tokenized with BOS and EOS and appended to a token buffer; the buffer is cut
+    into consecutive, non-overlapping windows of ``seq_len + 1`` tokens, and window ``w`` gives
+    ``input = w[:-1]``, ``label = w[1:]``. A batch is ``local_batch_size`` consecutive windows, as
+    two ``int64`` tensors ``[local_batch_size, seq_len]``. A non-infinite loader drops the tokens
+    that do not fill a last batch.
+
+Bad rows
+    A row without the text field, or whose value is not a string (a null counts as missing), stops
+    training with :class:`~torchtitan.errors.DataError` naming the dataset, the row's index within
+    this data-parallel rank's shard, the field and the fields the row does have. Skipping such rows
+    would hide a wrong ``training.dataset_text_field`` (every row would be skipped and the loader
+    would spin forever) or a broken file; pretraining data is expected to be clean, and a clear stop
+    is cheaper than a silently different corpus.
+
+Sharding and epochs
+    Data-parallel ranks read disjoint shards made by ``datasets.distributed.split_dataset_by_node``
+    (contiguous row ranges for map-style datasets; whole files, or every ``world_size``-th row, for
+    streamed ones). In infinite mode each rank loops over its shard forever, logging a line at the
+    end of every pass; the order is the same in every pass (nothing is shuffled).
+
+Checkpointing
+    :meth:`HFDataLoader.state_dict` returns ``{"dp_world_size": W, "dp_rank_<r>": <bytes>}``, the
+    bytes being UTF-8 JSON with the epoch, the row position in this rank's shard (and, for a
+    streamed dataset, ``IterableDataset.state_dict()``) and the leftover token buffer, so that a
+    fresh loader given this state yields exactly the batches the saved one would have yielded next.
+    The per-rank value is one opaque object so that a distributed checkpoint stores each rank's
+    state under its own key and loads it back whole, whatever its inner structure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from datasets import Dataset, DatasetDict, IterableDataset, load_dataset, load_from_disk
+from datasets.distributed import split_dataset_by_node
+from datasets.exceptions import DatasetNotFoundError
+
+from torchtitan.datasets import pydoc_corpus
+from torchtitan.errors import ConfigError, DataError
+
+logger = logging.getLogger("torchtitan")
+
+STATE_VERSION = 1
+_ROWS_PER_READ = 256  # rows fetched at once from a map-style dataset
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How to load one named dataset.
+
+    Exactly one of ``hub_path`` (a Hub dataset id, with ``config_name``) and ``local_builder`` (a
+    function returning a local file or folder, loaded like ``training.dataset_path``) is set.
+    ``split`` fixes the split; ``None`` reads the split asked for by the caller.
+    """
+
+    text_field: str = "text"
+    streaming: bool = False
+    hub_path: str | None = None
+    config_name: str | None = None
+    split: str | None = None
+    local_builder: Callable[[], str | Path] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.hub_path is None) == (self.local_builder is None):
+            raise ValueError("DatasetSpec needs exactly one of hub_path and local_builder")
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "c4": DatasetSpec(
+        hub_path="allenai/c4",
+        config_name="en",
+        split="train",
+        streaming=True,
+        description="C4 English, train split, streamed from the Hub",
+    ),
+    "c4_validation": DatasetSpec(
+        hub_path="allenai/c4",
+        config_name="en",
+        split="validation",
+        streaming=True,
+        description="C4 English, validation split, streamed from the Hub",
+    ),
+    "fineweb_edu": DatasetSpec(
+        hub_path="HuggingFaceFW/fineweb-edu",
+        config_name="sample-10BT",
+        streaming=True,
+        description="FineWeb-Edu 10B-token sample, streamed from the Hub",
+    ),
+    "python_docs": DatasetSpec(
+        local_builder=lambda: pydoc_corpus.corpus_path(),
+        streaming=False,
+        description="offline debug corpus built from the Python standard library documentation",
+    ),
+}
+
+# Local data file kinds: file-name ending -> ``datasets`` builder. Longest endings first.
+_FILE_KINDS: dict[str, str] = {
+    ".jsonl.gz": "json",
+    ".json.gz": "json",
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".txt": "text",
+}
+_SUPPORTED = (
+    "a .json/.jsonl/.json.gz/.jsonl.gz, .parquet or .txt file, a folder of such files (one kind), "
+    "a Dataset.save_to_disk folder, or a Hugging Face Hub id 'owner/name'"
+)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
+
+
+def _file_kind(path: Path) -> str | None:
+    name = path.name.lower()
+    for ending, builder in _FILE_KINDS.items():
+        if name.endswith(ending):
+            return builder
+    return None
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    """``owner/name`` that is not an existing path and does not look like a local file."""
+    return (
+        _HUB_ID.fullmatch(path) is not None
+        and not path.startswith(".")
+        and _file_kind(Path(path)) is None
+    )
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    return (folder / "dataset_dict.json").is_file() or (
+        (folder / "dataset_info.json").is_file() and (folder / "state.json").is_file()
+    )
+
+
+def _data_files(folder: Path) -> tuple[str, list[str]]:
+    """The builder and sorted files of a folder of data files of one kind (hidden paths skipped)."""
+    by_kind: dict[str, list[str]] = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).parts
+        if any(part.startswith(".") for part in rel) or not p.is_file():
+            continue
+        kind = _file_kind(p)
+        if kind is not None:
+            by_kind.setdefault(kind, []).append(str(p))
+    if not by_kind:
+        raise ConfigError(
+            f"training.dataset_path: folder '{folder}' holds no supported data files; "
+            f"supported: {_SUPPORTED}"
+        )
+    if len(by_kind) > 1:
+        found = ", ".join(f"{len(v)} {k}" for k, v in sorted(by_kind.items()))
+        raise ConfigError(
+            f"training.dataset_path: folder '{folder}' mixes data file kinds ({found}); "
+            f"point it at a folder of one kind; supported: {_SUPPORTED}"
+        )
+    ((kind, files),) = by_kind.items()
+    return kind, files
+
+
+def _load_local(
+    path: Path, *, split: str, streaming: bool, dp_world_size: int
+) -> Dataset | IterableDataset:
+    """Load a local file or folder through ``datasets``."""
+    if path.is_dir() and _is_saved_dataset(path):
+        ds = load_from_disk(str(path))
+        if isinstance(ds, DatasetDict):
+            if split not in ds:
+                raise ConfigError(
+                    f"training.dataset_path: saved dataset '{path}' has no split '{split}'; "
+                    f"valid splits: {', '.join(ds)}"
+                )
+            ds = ds[split]
+        if streaming:
+            # One shard per rank lets split_dataset_by_node hand out whole shards.
+            ds = ds.to_iterable_dataset(num_shards=max(1, min(dp_world_size, len(ds))))
+        return ds
+    if path.is_dir():
+        kind, files = _data_files(path)
+    else:
+        kind = _file_kind(path)
+        if kind is None:
+            raise ConfigError(
+                f"training.dataset_path: '{path}' is not a supported data file; "
+                f"supported: {_SUPPORTED}"
+            )
+        files = [str(path)]
+    extra = {"sample_by": "document"} if kind == "text" else {}
+    return load_dataset(kind, data_files={split: files}, split=split, streaming=streaming, **extra)
+
+
+def _load_hub(
+    hub_id: str, *, name: str | None, split: str, streaming: bool, key: str
+) -> Dataset | IterableDataset:
+    """Load a Hub dataset; a dataset that cannot be found or reached is a ConfigError."""
+    try:
+        return load_dataset(hub_id, name=name, split=split, streaming=streaming)
+    except (DatasetNotFoundError, ConnectionError, FileNotFoundError) as e:
+        raise ConfigError(
+            f"{key}: cannot load Hugging Face Hub dataset '{hub_id}' (config {name}, split "
+            f"{split}): {type(e).__name__}: {e}. Without Hub access use training.dataset = "
+            f"'python_docs' or a local training.dataset_path ({_SUPPORTED})"
+        ) from e
+
+
+@dataclass
+class _Source:
+    dataset: Dataset | IterableDataset
+    label: str
+    text_field: str
+
+
+def check_dataset_config(dataset: str, dataset_path: str | None) -> None:
+    """The source checks that need no loading (run before any process starts)."""
+    if dataset_path is None and dataset not in DATASETS:
+        raise ConfigError(
+            f"training.dataset: unknown dataset '{dataset}'; valid: "
+            f"{', '.join(sorted(DATASETS))} (or set training.dataset_path to {_SUPPORTED})"
+        )
+    if dataset_path is not None:
+        if not Path(dataset_path).expanduser().exists() and not _looks_like_hub_id(dataset_path):
+            raise ConfigError(
+                f"training.dataset_path: '{dataset_path}' does not exist; expected {_SUPPORTED}"
+            )
+
+
+def load_source(
+    *,
+    dataset: str,
+    dataset_path: str | None,
+    split: str = "train",
+    text_field: str | None = None,
+    streaming: bool | None = None,
+    dp_world_size: int = 1,
+) -> _Source:
+    """Resolve ``training.dataset`` / ``training.dataset_path`` to an (unsharded) dataset."""
+    check_dataset_config(dataset, dataset_path)
+    spec = DATASETS.get(dataset)
+    if dataset_path is None:
+        assert spec is not None
+        if spec.split is not None and split not in ("train", spec.split):
+            raise ConfigError(
+                f"training.dataset: '{dataset}' always reads split '{spec.split}', "
+                f"but split '{split}' was asked for"
+            )
+        use_split = spec.split or split
+        use_streaming = spec.streaming if streaming is None else streaming
+        if spec.hub_path is not None:
+            ds = _load_hub(
+                spec.hub_path,
+                name=spec.config_name,
+                split=use_split,
+                streaming=use_streaming,
+                key="training.dataset",
+            )
+        else:
+            assert spec.local_builder is not None
+            ds = _load_local(
+                Path(spec.local_builder()),
+                split=use_split,
+                streaming=use_streaming,
+                dp_world_size=dp_world_size,
+            )
+        label = dataset
+    else:
+        local = Path(dataset_path).expanduser()
+        if local.exists():
+            ds = _load_local(
+                local, split=split, streaming=bool(streaming), dp_world_size=dp_world_size
+            )
+        else:
+            # Hub datasets for pretraining are large: stream them unless told otherwise.
+            ds = _load_hub(
+                dataset_path,
+                name=None,
+                split=split,
+                streaming=True if streaming is None else streaming,
+                key="training.dataset_path",
+            )
+        label = dataset_path
+    field = text_field or (spec.text_field if spec is not None else "text")
+    return _Source(dataset=ds, label=label, text_field=field)
+
+
+class HFDataLoader:
+    """Packed ``(inputs, labels)`` batches from one data-parallel rank's shard; checkpointable.
+
+    Iterating continues from the current position (a fresh loader starts at the beginning, a loader
+    given a ``load_state_dict`` starts where the saved one stopped). In infinite mode iteration
+    never ends; otherwise one ``iter()`` is one pass over the rest of the shard, after which the
+    loader rewinds, so the next ``iter()`` is a fresh pass.
+    """
+
+    def __init__(
+        self,
+        source: _Source,
+        *,
+        tokenizer: Tokenizer,
+        local_batch_size: int,
+        seq_len: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        infinite: bool = True,
+    ) -> None:
+        self.label = source.label
+        self.text_field = source.text_field
+        self.tokenizer = tokenizer
+        self.local_batch_size = local_batch_size
+        self.seq_len = seq_len
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.infinite = infinite
+        ds = source.dataset
+        if dp_world_size > 1:
+            ds = split_dataset_by_node(ds, rank=dp_rank, world_size=dp_world_size)
+        self._ds = ds
+        self.streaming = isinstance(ds, IterableDataset)
+        if not self.streaming:
+            names = ds.column_names
+            # Reading only the text column keeps wide datasets cheap; full rows only for errors.
+            self._texts = ds.select_columns([self.text_field]) if self.text_field in names else None
+        # Position: epoch (0-based), rows of this rank's shard consumed in this epoch, leftover
+        # tokens; for streamed data, a saved IterableDataset state waiting to be applied.
+        self._epoch = 0
+        self._row = 0
+        self._buffer: list[int] = []
+        self._pending_hf_state: dict | None = None
+
+    @property
+    def _state_key(self) -> str:
+        return f"dp_rank_{self.dp_rank}"
+
+    # ---- reading rows
+
+    def _bad_row(self, index: int, row: dict[str, Any]) -> DataError:
+        fields = sorted(k for k, v in row.items() if v is not None)
+        value = row.get(self.text_field)
+        if value is None:
+            problem = f"has no field '{self.text_field}' (missing or null)"
+        else:
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            problem = (
+                f"field '{self.text_field}' holds {type(value).__name__} {shown}, not a string"
+            )
+        return DataError(
+            f"dataset '{self.label}': row {index} of dp rank {self.dp_rank}'s shard "
+            f"(of {self.dp_world_size}) {problem}; the row has fields {fields}; set "
+            f"training.dataset_text_field to the field that holds the text"
+        )
+
+    def _map_style_texts(self) -> Iterator[str]:
+        ds, n = self._ds, len(self._ds)
+        i = self._row
+        while i < n:
+            if self._texts is None:
+                raise self._bad_row(i, ds[i])
+            texts = self._texts[i : i + _ROWS_PER_READ][self.text_field]
+            for j, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise self._bad_row(i + j, ds[i + j])
+                self._row = i + j + 1
+                yield text
+            i += len(texts)
+
+    def _streamed_texts(self) -> Iterator[str]:
+        ds = self._ds
+        # Each pass has its own epoch number, so a loaded start state applies to its pass only
+        # (datasets re-applies it to every pass with the same epoch).
+        ds.set_epoch(self._epoch)
+        if self._pending_hf_state is not None:
+            ds.load_state_dict(self._pending_hf_state)
+        elif self._row > 0:  # a new iter() in the middle of a pass: continue where it stopped
+            ds.load_state_dict(ds.state_dict())
+        self._pending_hf_state = None
+        field = self.text_field
+        for row in ds:
+            text = row.get(field)
+            if not isinstance(text, str):
+                raise self._bad_row(self._row, row)
+            self._row += 1
+            yield text
+
+    # ---- iteration
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        window = self.seq_len + 1
+        need = self.local_batch_size * window
+        encode = self.tokenizer.encode
+        while True:
+            texts = self._streamed_texts() if self.streaming else self._map_style_texts()
+            for text in texts:
+                buf = self._buffer
+                buf.extend(encode(text, bos=True, eos=True))
+                while len(buf) >= need:
+                    # array -> tensor is several times faster than torch.tensor(list)
+                    chunk = torch.frombuffer(array("q", buf[:need]), dtype=torch.long)
+                    chunk = chunk.view(self.local_batch_size, window)
+                    del buf[:need]
+                    yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+            if self._row == 0:
+                raise DataError(
+                    f"dataset '{self.label}': dp rank {self.dp_rank} (of {self.dp_world_size}) "
+                    f"has no rows to read; use a larger dataset or fewer data-parallel ranks"
+                )
+            finished = self._epoch + 1
+            self._epoch += 1
+            self._row = 0
+            if not self.infinite:
+                logger.debug(
+                    f"dataset {self.label}: pass finished on dp rank {self.dp_rank}, "
+                    f"dropping {len(self._buffer)} tokens that do not fill a batch"
+                )
+                self._buffer = []
+                return
+            logger.info(
+                f"dataset {self.label}: epoch {finished} finished on dp rank {self.dp_rank}, "
+                f"starting epoch {finished + 1}"
+            )
+
+    # ---- checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"dp_world_size": W, "dp_rank_<r>": UTF-8 JSON bytes}`` (see the module docstring)."""
+        hf_state = None
+        if self.streaming and self._row > 0:
+            hf_state = self._pending_hf_state or self._ds.state_dict()
+        state = {
+            "version": STATE_VERSION,
+            "dataset": self.label,
+            "streaming": self.streaming,
+            "epoch": self._epoch,
+            "row": self._row,
+            "buffer": self._buffer,
+            "hf_state": hf_state,
+        }
+        blob = json.dumps(state, separators=(",", ":")).encode()
+        return {"dp_world_size": self.dp_world_size, self._state_key: blob}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a saved state; call before iterating (or take a new ``iter()``)."""
+        if not state_dict:
+            logger.warning(
+                f"dataset {self.label}: empty data loader state on dp rank {self.dp_rank}; "
+                "starting from the beginning"
+            )
+            return
+        saved_world = state_dict.get("dp_world_size")
+        if saved_world != self.dp_world_size:
+            raise ConfigError(
+                f"data loader checkpoint: saved with dp world size {saved_world}, but this run has "
+                f"dp world size {self.dp_world_size}; resuming with a different data-parallel "
+                "degree (resharding the data) is not supported yet: resume with the same "
+                "data-parallel degree, or start the data from scratch"
+            )
+        if self._state_key not in state_dict:
+            raise ConfigError(
+                f"data loader checkpoint: no state for {self._state_key} "
+                f"(found: {', '.join(sorted(k for k in state_dict if k.startswith('dp_rank_')))})"
+            )
+        state = json.loads(state_dict[self._state_key])
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(
+                f"data loader checkpoint: state version {state.get('version')}, "
+                f"this code reads version {STATE_VERSION}"
+            )
+        if state["streaming"] != self.streaming:
+            mode = {True: "streamed", False: "map-style"}
+            raise ConfigError(
+                f"data loader checkpoint: saved from a {mode[state['streaming']]} dataset, but "
+                f"training.dataset_streaming makes this one {mode[self.streaming]}; use the same "
+                "setting to resume"
+            )
+        if state["dataset"] != self.label:
+            logger.warning(
+                f"data loader checkpoint was saved for dataset '{state['dataset']}', "
+                f"now reading '{self.label}'; resuming at the saved position anyway"
+            )
+        if not self.streaming and state["row"] > len(self._ds):
+            raise ConfigError(
+                f"data loader checkpoint: saved at row {state['row']} of dp rank {self.dp_rank}'s "
+                f"shard, but dataset '{self.label}' has {len(self._ds)} rows there; did the data "
+                "change?"
+            )
+        self._epoch = state["epoch"]
+        self._row = state["row"]
+        self._buffer = list(state["buffer"])
+        self._pending_hf_state = state["hf_state"] if self.streaming else None
+
+
+def build_hf_dataloader(
+    *,
+    dataset: str,
+    dataset_path: str | None,
+    tokenizer: Tokenizer,
+    local_batch_size: int,
+    seq_len: int,
+    dp_rank: int = 0,
+    dp_world_size: int = 1,
+    infinite: bool = True,
+    text_field: str | None = None,
+    streaming: bool | None = None,
+    split: str = "train",
+) -> HFDataLoader:
+    """The training data loader for one data-parallel rank.
+
+    ``text_field`` / ``streaming`` ``None`` take the named dataset's defaults (``"text"``; local
+    files are not streamed, Hub datasets are).
+    """
+    if local_batch_size < 1:
+        raise ConfigError(f"training.local_batch_size: {local_batch_size} must be >= 1")
+    if seq_len < 1:
+        raise ConfigError(f"training.seq_len: {seq_len} must be >= 1")
+    if not 0 <= dp_rank < dp_world_size:
+        raise ValueError(f"dp_rank {dp_rank} must be in [0, dp_world_size={dp_world_size})")
+    source = load_source(
+        dataset=dataset,
+        dataset_path=dataset_path,
+        split=split,
+        text_field=text_field,
+        streaming=streaming,
+        dp_world_size=dp_world_size,
+    )
+    loader = HFDataLoader(
+        source,
+        tokenizer=tokenizer,
+        local_batch_size=local_batch_size,
+        seq_len=seq_len,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        infinite=infinite,
+    )
+    kind = "streamed" if loader.streaming else f"{len(loader._ds):,} rows on this rank"
+    logger.info(
+        f"Dataset {source.label} (split {split}, text field '{source.text_field}', {kind}), "
+        f"dp rank {dp_rank} of {dp_world_size}"
+    )
+    return loader
