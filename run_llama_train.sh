@@ -31,4 +31,30 @@ cmd=("$PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node
      --local-ranks-filter "$LOG_RANK" --role rank --tee 3
      "$here/train.py" --job.config_file "$CONFIG_FILE" "$@")
 echo "+ ${cmd[*]}"
-exec "${cmd[@]}"
+
+# Workers that stop on a user error (bad data, an unreachable dataset) write one line to this file;
+# torchrun's own failure report (a Python traceback) is then replaced by that line and exit code.
+TORCHTITAN_ERROR_FILE="$(mktemp "${TMPDIR:-/tmp}/torchtitan-error.XXXXXX")"
+export TORCHTITAN_ERROR_FILE
+trap 'rm -f "$TORCHTITAN_ERROR_FILE"' EXIT
+hide_report_after_user_error() {
+  local line hiding=0
+  while IFS= read -r line; do
+    if [ "$hiding" = 0 ] && [ -s "$TORCHTITAN_ERROR_FILE" ] &&
+       [ "$line" = "Traceback (most recent call last):" ]; then
+      hiding=1
+    fi
+    [ "$hiding" = 1 ] || printf '%s\n' "$line"
+  done
+}
+set +e
+exec 3>&1
+"${cmd[@]}" 2>&1 1>&3 3>&- | hide_report_after_user_error >&2
+rc=${PIPESTATUS[0]}
+set -e
+if [ -s "$TORCHTITAN_ERROR_FILE" ]; then
+  IFS=$'\t' read -r code message <"$TORCHTITAN_ERROR_FILE"
+  echo "error: $message" >&2
+  exit "$code"
+fi
+exit "$rc"

@@ -30,7 +30,6 @@ def train(job_config: JobConfig) -> None:
     utils.init_distributed(device)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    init_logger(rank)
     plan = check(job_config, world_size)
     dims, spec = plan.dims, plan.spec
     logger.info(f"Starting job: {job_config.job.description}")
@@ -146,6 +145,23 @@ def _dp_mean(value: torch.Tensor, dp_mesh) -> float:
     return float(value)
 
 
+def _report_user_error(e: TorchTitanError) -> None:
+    """One line, no traceback: to the launcher's error file when there is one, else to stderr."""
+    rank = int(os.environ.get("RANK", "0"))
+    where = f"rank {rank}: " if utils.world_size_from_env() > 1 and e.exit_code != 2 else ""
+    error_file = os.environ.get("TORCHTITAN_ERROR_FILE")
+    if error_file:
+        with open(error_file, "a") as f:
+            f.write(f"{e.exit_code}\t{where}{e}\n")
+    elif rank == 0 or e.exit_code != 2:
+        print(f"error: {where}{e}", file=sys.stderr, flush=True)
+
+
+def _another_rank_reported() -> bool:
+    error_file = os.environ.get("TORCHTITAN_ERROR_FILE")
+    return bool(error_file) and os.path.isfile(error_file) and os.path.getsize(error_file) > 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
@@ -155,9 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(parse_args(argv))
     except TorchTitanError as e:
-        if int(os.environ.get("RANK", "0")) == 0 or e.exit_code != 2:
-            print(f"error: {e}", file=sys.stderr, flush=True)
+        _report_user_error(e)
         return e.exit_code
+    except Exception:
+        if _another_rank_reported():
+            return 1  # a peer stopped on a user error; our broken collective is only a consequence
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

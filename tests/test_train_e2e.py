@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,63 @@ def test_launcher_reports_bad_config_before_torchrun(tmp_path, args, ngpu, expec
     assert out.stderr.strip().startswith(expected), out.stderr
     assert "Traceback" not in out.stdout + out.stderr
     assert "torch.distributed.run" not in out.stdout  # torchrun never started
+
+
+@pytest.mark.slow
+def test_bad_data_in_a_worker_is_one_line_not_a_traceback(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    out = _launch(tmp_path, "--training.dataset_path", str(data), "--training.steps", "2", ngpu=2)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: rank 1: dataset '{data}': row 0 of dp rank 1's shard"), last
+    assert "has no field 'text'" in last and "training.dataset_text_field" in last
+    assert "Traceback" not in out.stdout + out.stderr
+
+
+def _train_py(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ, TORCHTITAN_CACHE=str(tmp_path / "cache"), HF_DATASETS_CACHE=str(tmp_path / "hf")
+    )
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--job.config_file",
+        str(ROOT / "train_configs" / "debug_model.toml"),
+        "--job.dump_folder",
+        str(tmp_path / "out"),
+        "--metrics.enable_tensorboard=false",
+        "--training.steps",
+        "4",
+        "--training.seq_len",
+        "64",
+        "--metrics.log_freq",
+        "1",
+        *args,
+    ]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _step_lines(stdout: str) -> list[str]:
+    # loss and grad norm, printed to 4 decimals, are what must repeat; timings may not.
+    return re.findall(r"step:\s+\d+\s+loss:\s+\S+\s+grad_norm:\s+\S+", stdout)
+
+
+@pytest.mark.slow
+def test_deterministic_cpu_runs_repeat_bit_for_bit(tmp_path):
+    a = _train_py(tmp_path, "--debug.deterministic", "--debug.seed", "4294967295")
+    b = _train_py(tmp_path, "--debug.deterministic", "--debug.seed", "4294967295")
+    c = _train_py(tmp_path, "--debug.deterministic", "--debug.seed", "1")
+    for out in (a, b, c):
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert len(_step_lines(a.stdout)) == 4
+    assert _step_lines(a.stdout) == _step_lines(b.stdout)
+    assert _step_lines(a.stdout) != _step_lines(c.stdout)
+
+
+@pytest.mark.slow
+def test_print_config_and_unset_seed_is_drawn_and_logged(tmp_path):
+    out = _train_py(tmp_path, "--job.print_config", "--training.steps", "1")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "[training]\n" in out.stdout and "steps = 1\n" in out.stdout
+    assert re.search(r"Seed \d+, deterministic=False", out.stdout)
