@@ -19,6 +19,12 @@ fi
 CONFIG_FILE="${CONFIG_FILE:-$here/train_configs/debug_model.toml}"
 LOG_RANK="${LOG_RANK:-0}"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+# torchrun would set OMP_NUM_THREADS=1; CPU workers instead share the cores (a value you set wins).
+if [ -z "${OMP_NUM_THREADS:-}" ] && ! nvidia-smi -L >/dev/null 2>&1; then
+  cores=$(nproc 2>/dev/null || echo 1)
+  OMP_NUM_THREADS=$(( cores / NGPU > 0 ? cores / NGPU : 1 ))
+  export OMP_NUM_THREADS
+fi
 
 case " $* " in
   *" --help "* | *" -h "*) exec "$PYTHON" "$here/train.py" --help ;;

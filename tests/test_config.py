@@ -237,3 +237,17 @@ def test_train_py_reports_config_errors_in_one_line(args, expected):
     assert out.stderr.strip().startswith(expected), out.stderr
     assert "Traceback" not in out.stderr + out.stdout
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "train_configs").glob("*.toml")), ids=lambda p: p.name
+)
+def test_every_shipped_config_passes_preflight(path):
+    from torchtitan.preflight import check
+
+    kind = "sentencepiece" if "llama2" in path.name else "tiktoken"
+    tok = str(ROOT / "tests" / "assets" / "tokenizer" / f"{kind}.model")
+    cfg = parse_args(["--job.config_file", str(path), "--model.tokenizer_path", tok])
+    plan = check(cfg, world_size=8)
+    assert plan.dims.dp_shard == 8 and plan.grad_accum_steps == 1
+    assert cfg.training.seq_len <= plan.model_args.max_seq_len

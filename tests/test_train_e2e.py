@@ -196,3 +196,14 @@ def test_print_config_and_unset_seed_is_drawn_and_logged(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "[training]\n" in out.stdout and "steps = 1\n" in out.stdout
     assert re.search(r"Seed \d+, deterministic=False", out.stdout)
+
+
+@pytest.mark.slow
+def test_llama2_with_sentencepiece_tokenizer_trains(tmp_path):
+    tok = str(ROOT / "tests" / "assets" / "tokenizer" / "sentencepiece.model")
+    out = _train_py(
+        tmp_path, "--model.name", "llama2", "--model.tokenizer_path", tok, "--training.steps", "3"
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Model llama2 debugmodel" in out.stdout and "vocab 2000" in out.stdout
+    assert len(_step_lines(out.stdout)) == 3

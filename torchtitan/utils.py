@@ -35,18 +35,11 @@ def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
     """Create the default process group when launched by torchrun (WORLD_SIZE set)."""
     if "RANK" not in os.environ or dist.is_initialized():
         return
-    # gloo on CPU would otherwise pick threads per process as if it owned the whole machine.
-    if device_type == "cpu" and world_size_from_env() > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world_size()))
     dist.init_process_group(
         backend=dist_backend,
         timeout=timedelta(seconds=timeout_s),
         device_id=device if device_type == "cuda" else None,
     )
-
-
-def _local_world_size() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
 
 
 def resolve_seed(seed: int | None, device: torch.device) -> int:
