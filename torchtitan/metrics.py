@@ -130,8 +130,8 @@ class MetricsProcessor:
         mem = "rss" if device_type == "cpu" else "memory"
         mfu_s = f"{mfu:.2f}%" if mfu is not None else "n/a"
         logger.info(
-            f"{c.red}step: {step:2}  {c.green}loss: {v['loss']:7.4f}  "
-            f"{c.reset}grad_norm: {v['grad_norm']:7.4f}  lr: {v['lr']:.4e}  "
+            f"{c.red}step: {step}  {c.green}loss: {v['loss']:.4f}  "
+            f"{c.reset}grad_norm: {v['grad_norm']:.4f}  lr: {v['lr']:.4e}  "
             f"{c.yellow}{mem}: {v['memory/peak_active_gib']:5.2f}GiB  "
             f"{c.blue}tps: {round(v['throughput/tps']):,}  "
             f"{c.cyan}tflops: {v['throughput/tflops']:,.2f}  "
