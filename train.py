@@ -20,6 +20,7 @@ from torchtitan.config_manager import JobConfig, help_text, parse_args
 from torchtitan.errors import TorchTitanError
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, tb_run_dir
+from torchtitan.parallelisms.init import layout_invariant_init
 from torchtitan.parallelisms.parallelize_llama import param_dtype
 from torchtitan.preflight import check
 
@@ -74,7 +75,7 @@ def train(job_config: JobConfig) -> None:
     )
     model = spec.parallelize_fn(model, mesh, dims, job_config, utils.device_type)
     model.to_empty(device=device)
-    with torch.no_grad():
+    with torch.no_grad(), layout_invariant_init(model, seed):
         model.init_weights()
     model.train()
     model_parts = [model]
