@@ -4,13 +4,20 @@
 #                on CPU each process is a CPU worker using gloo)
 #   CONFIG_FILE  TOML config (default: train_configs/debug_model.toml)
 #   LOG_RANK     comma-separated ranks whose output is shown (default: 0)
-#   PYTHON       Python interpreter (default: python3, or python if that is all there is)
+#   PYTHON       Python interpreter (default: the active virtual environment's, else this
+#                checkout's .venv if it has one, else python3)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [ -z "${PYTHON:-}" ]; then
-  PYTHON=python3
-  command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python
+  if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
+    PYTHON="$VIRTUAL_ENV/bin/python"
+  elif [ -x "$here/.venv/bin/python" ]; then
+    PYTHON="$here/.venv/bin/python"
+  else
+    PYTHON=python3
+    command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python
+  fi
 fi
 if [ -z "${NGPU:-}" ]; then
   NGPU=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)

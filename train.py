@@ -21,7 +21,7 @@ from torchtitan.errors import TorchTitanError
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, tb_run_dir
 from torchtitan.parallelisms.init import layout_invariant_init
-from torchtitan.parallelisms.parallelize_llama import param_dtype
+from torchtitan.parallelisms.parallelize_llama import loss_context, param_dtype
 from torchtitan.preflight import check
 
 
@@ -111,11 +111,13 @@ def train(job_config: JobConfig) -> None:
             metrics.data_loading_times.append(time.perf_counter() - t0)
             metrics.ntokens_since_last_log += labels.numel()
             inputs, labels = inputs.to(device), labels.to(device)
-            with autocast:
-                loss = spec.loss_fn(model(inputs), labels) / plan.grad_accum_steps
-            loss.backward()
-            loss_sum += loss.detach()
-        grad_norm = _clip_grad_norm(model_parts, t.max_norm)
+            with loss_context(dims, job_config):
+                with autocast:
+                    loss = spec.loss_fn(model(inputs), labels) / plan.grad_accum_steps
+                loss.backward()
+            loss_sum += _local(loss.detach())
+        params = [p for m in model_parts for p in m.parameters()]
+        grad_norm = utils.clip_grad_norm_(params, t.max_norm)
         optimizer.step()
         lr = lr_scheduler.get_last_lr()[0]
         lr_scheduler.step()
@@ -133,10 +135,9 @@ def _autocast(job_config: JobConfig, dims) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def _clip_grad_norm(model_parts: list[torch.nn.Module], max_norm: float) -> torch.Tensor:
-    params = [p for m in model_parts for p in m.parameters()]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor (a vocab-parallel loss is a replicated DTensor)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _dp_mean(value: torch.Tensor, dp_mesh) -> float:

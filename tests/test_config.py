@@ -168,11 +168,10 @@ def test_debug_config_parses():
             "model.tokenizer_path: '/no/such/tok.model' does not exist",
         ),
         ("", ["--checkpoint.enable"], "checkpoint.enable: this feature is not available"),
-        ("", ["--compile.enable"], "compile.enable: this feature is not available"),
         (
             "",
-            ["--activation_checkpoint.mode", "full"],
-            "activation_checkpoint.mode: 'full' is not available",
+            ["--activation_checkpoint.mode", "partial"],
+            "activation_checkpoint.mode: 'partial' is not one of: none, full, selective",
         ),
         (
             "",

@@ -24,6 +24,7 @@ def _launch(
         HF_DATASETS_CACHE=str(tmp_path / "hf"),
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
+        PYTHON=sys.executable,
     )
     cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -118,9 +119,9 @@ def test_ddp_with_gradient_accumulation(tmp_path):
             "error: parallelism: dp_replicate=1 x dp_shard=3",
         ),
         (
-            ["--parallelism.tensor_parallel_degree", "2"],
-            2,
-            "error: parallelism.tensor_parallel_degree: 2 is not available",
+            ["--parallelism.tensor_parallel_degree", "3"],
+            3,
+            "error: parallelism.tensor_parallel_degree: 3 does not divide the model's n_heads (16)",
         ),
         (
             ["--model.tokenizer_path", "nope.model"],

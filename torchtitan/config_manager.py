@@ -207,7 +207,7 @@ class ActivationCheckpoint:
 
 @dataclass
 class Compile:
-    enable: bool = opt(False, "torch.compile each transformer block (not available yet)")
+    enable: bool = opt(False, "torch.compile each transformer block")
 
 
 @dataclass
@@ -503,7 +503,6 @@ def _check_bounds(cfg: JobConfig) -> None:
 _NOT_YET = {
     "checkpoint.enable": True,
     "checkpoint.create_seed_checkpoint": True,
-    "compile.enable": True,
     "profiling.enable_profiling": True,
     "profiling.enable_memory_snapshot": True,
     "validation.enable": True,
@@ -521,10 +520,6 @@ def validate(cfg: JobConfig) -> None:
             raise ConfigError(
                 f"{dotted}: this feature is not available in this version yet; leave it unset"
             )
-    if cfg.activation_checkpoint.mode != "none":
-        raise ConfigError(
-            f"activation_checkpoint.mode: '{cfg.activation_checkpoint.mode}' is not available in this version yet; use none"
-        )
     if cfg.model.converters:
         raise ConfigError(
             f"model.converters: {cfg.model.converters} not available in this version yet; leave it empty"

@@ -42,6 +42,7 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
     check_dataset_config(t.dataset, t.dataset_path)
     spec = get_train_spec(job_config.model.name)
     model_args = get_model_args(job_config.model.name, job_config.model.flavor)
+    _check_model_fits_layout(dims, model_args)
     per_step = t.local_batch_size * dims.dp
     global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
     if global_batch % per_step:
@@ -50,6 +51,20 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
             f"x data-parallel degree = {t.local_batch_size} x {dims.dp} = {per_step}"
         )
     return Plan(dims, spec, model_args, global_batch // per_step, global_batch)
+
+
+def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
+    key = "parallelism.tensor_parallel_degree"
+    sizes = (("n_heads", args.n_heads), ("n_kv_heads", args.n_kv_heads), ("dim", args.dim))
+    for what, n in sizes + (("feed-forward hidden size", args.ffn_hidden_dim()),):
+        if n % dims.tp:
+            raise ConfigError(
+                f"{key}: {dims.tp} does not divide the model's {what} ({n}); use a divisor of it"
+            )
+    if dims.pp > args.n_layers:
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_degree: {dims.pp} exceeds the model's {args.n_layers} layers"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

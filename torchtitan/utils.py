@@ -107,3 +107,23 @@ def _rss_gib() -> float:
         return pages * os.sysconf("SC_PAGE_SIZE") / 1024**3
     except (OSError, ValueError):
         return float("nan")
+
+
+def clip_grad_norm_(
+    params: list[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """Clip by the global L2 norm over all parameters, whether plain, DTensor or pipeline-split.
+
+    DTensor gradients (FSDP, TP) give their global norm through ``full_tensor()``; with pipeline
+    parallelism each rank holds other parameters, so squared norms are summed over ``pp_group``.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    if pp_group is not None:
+        squared = total**2
+        dist.all_reduce(squared, group=pp_group)
+        total = squared.sqrt()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total

@@ -34,6 +34,16 @@ _RANDOM_FILLS = {
 }
 
 
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name with wrapper prefixes (activation checkpointing, compile) removed."""
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
 def param_seed(seed: int, name: str) -> int:
     """A 63-bit seed from the run's seed and a parameter's fully qualified name."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") >> 1
@@ -75,6 +85,6 @@ def layout_invariant_init(model: nn.Module, seed: int) -> Iterator[None]:
     """Within this context, random fills of ``model``'s parameters are layout-invariant."""
     names: dict[int, str] = {}
     for name, param in model.named_parameters():  # tied parameters keep their first name
-        names.setdefault(id(param), name)
+        names.setdefault(id(param), canonical_name(name))
     with _InitMode(names, seed):
         yield

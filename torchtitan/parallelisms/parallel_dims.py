@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torchtitan.errors import ConfigError
 
 # Degrees this release can run; the others are declared in the config and rejected clearly.
-SUPPORTED_NOW = ("dp_replicate", "dp_shard")
+SUPPORTED_NOW = ("dp_replicate", "dp_shard", "tp")
 
 _KEYS = {
     "dp_replicate": "parallelism.data_parallel_replicate_degree",

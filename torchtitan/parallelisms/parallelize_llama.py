@@ -1,19 +1,33 @@
-"""Apply data parallelism to a Llama Transformer without touching its math.
+"""Apply parallelisms to a Llama Transformer (or a pipeline stage of one) without touching its math.
 
-Order (the later issues slot TP, activation checkpointing and compile in before data parallel):
-FSDP2 ``fully_shard`` per transformer block and at the root when ``dp_shard > 1`` (HSDP over a
-2-D ``(dp_replicate, dp_shard)`` mesh when both exceed 1), or composable DDP (``replicate``) when
-only ``dp_replicate > 1``. With one process nothing is wrapped.
+Order, each step optional: tensor parallel (with sequence parallel on the norms and, unless
+``parallelism.disable_loss_parallel``, a vocab-parallel loss) -> activation checkpointing ->
+``torch.compile`` per transformer block -> FSDP2 ``fully_shard`` per block and at the root
+(HSDP over a 2-D mesh when both data-parallel degrees exceed 1), or composable DDP when only
+``dp_replicate > 1``. Model code is never edited: only modules are wrapped or sharded.
 """
 
 from __future__ import annotations
+
+import contextlib
+from functools import partial
 
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
 
 from torchtitan.config_manager import JobConfig
+from torchtitan.errors import ConfigError
 from torchtitan.log import logger
 from torchtitan.parallelisms.parallel_dims import ParallelDims
 
@@ -27,9 +41,38 @@ def param_dtype(job_config: JobConfig, device_type: str) -> torch.dtype:
     return DTYPES[job_config.training.mixed_precision_param]
 
 
+def uses_loss_parallel(dims: ParallelDims, job_config: JobConfig) -> bool:
+    return dims.tp > 1 and not job_config.parallelism.disable_loss_parallel
+
+
+def loss_context(dims: ParallelDims, job_config: JobConfig) -> contextlib.AbstractContextManager:
+    """Forward-loss-backward runs inside this: the vocab-parallel loss needs ``loss_parallel()``."""
+    return loss_parallel() if uses_loss_parallel(dims, job_config) else contextlib.nullcontext()
+
+
 def parallelize_llama(
-    model: nn.Module, mesh: DeviceMesh, dims: ParallelDims, job_config: JobConfig, device_type: str
+    model: nn.Module,
+    mesh: DeviceMesh | None,
+    dims: ParallelDims,
+    job_config: JobConfig,
+    device_type: str,
 ) -> nn.Module:
+    if dims.tp > 1:
+        apply_tp(model, mesh["tp"], loss_parallel=uses_loss_parallel(dims, job_config))
+        logger.info(
+            f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config)}"
+        )
+    ac = job_config.activation_checkpoint
+    if ac.mode != "none":
+        apply_ac(model, ac.mode, ac.selective_ac_option)
+        logger.info(
+            f"Applied {ac.mode} activation checkpointing"
+            + (f" ({ac.selective_ac_option})" if ac.mode == "selective" else "")
+        )
+    if job_config.compile.enable:
+        for block in model.layers.values():
+            block.compile(fullgraph=True)
+        logger.info("Compiled each transformer block with torch.compile")
     if dims.dp_shard_enabled:
         names = ("dp_replicate", "dp_shard") if dims.dp_replicate_enabled else ("dp_shard",)
         apply_fsdp(
@@ -44,6 +87,97 @@ def parallelize_llama(
         apply_ddp(model, mesh["dp_replicate"])
         logger.info("Applied DDP to the model")
     return model
+
+
+# ----------------------------------------------------------------------------- tensor parallel
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+    """Megatron-style TP: column-wise wq/wk/wv/w1/w3, row-wise wo/w2, sequence parallel norms.
+
+    Activations between blocks stay sharded along the sequence (``Shard(1)``); each attention and
+    feed-forward input is all-gathered once and its output reduce-scattered back.
+    """
+    root_plan = {}
+    if model.tok_embeddings is not None:
+        root_plan["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1)
+        )
+    if model.norm is not None:
+        root_plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        root_plan["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    if root_plan:
+        parallelize_module(model, tp_mesh, root_plan)
+    for block in model.layers.values():
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+                ),
+                "attention.wq": ColwiseParallel(),
+                "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+                "feed_forward.w3": ColwiseParallel(),
+            },
+        )
+
+
+# ----------------------------------------------------------------------------- activation checkpointing
+
+# Ops whose outputs the per-op selective policy keeps: matmuls and attention, the expensive ones.
+_SAVE_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def _op_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_ac(model: nn.Module, mode: str, option: str) -> None:
+    """Wrap transformer blocks: all (full), every N-th (selective "N"), or per-op (selective "op")."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    every = 1
+    kwargs = {}
+    if mode == "selective" and option == "op":
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _op_policy)
+    elif mode == "selective":
+        if not option.isdigit() or int(option) < 1:
+            raise ConfigError(
+                f"activation_checkpoint.selective_ac_option: '{option}' must be 'op' or a positive layer interval like '2'"
+            )
+        every = int(option)
+    for i, (name, block) in enumerate(list(model.layers.items())):
+        if i % every == 0:
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False, **kwargs)
+
+
+# ----------------------------------------------------------------------------- data parallel
 
 
 def apply_fsdp(
