@@ -55,6 +55,7 @@ def train(job_config: JobConfig) -> None:
         dataset_path=t.dataset_path,
         tokenizer=tokenizer,
         local_batch_size=t.local_batch_size,
+        global_batch_size=plan.global_batch_size,
         seq_len=t.seq_len,
         dp_rank=dp_rank,
         dp_world_size=dims.dp,

@@ -16,6 +16,7 @@ import datasets
 import huggingface_hub.constants
 import pytest
 import torch
+from datasets.distributed import split_dataset_by_node
 
 from torchtitan.datasets import hf_datasets
 from torchtitan.datasets.hf_datasets import DATASETS, build_hf_dataloader
@@ -124,10 +125,46 @@ def assert_same_batches(a, b) -> None:
 
 
 def assert_covers(batches, texts: list[str], need: int) -> None:
-    """The batches are the tokenized texts in order, less a tail shorter than one batch."""
+    """One virtual shard: the batches are the tokenized texts in order, less a short tail."""
     got, expected = flat(batches), token_stream(texts)
     assert got == expected[: len(got)]
     assert len(expected) - len(got) < need
+
+
+def shard_texts(path, num_shards: int, **kw) -> list[list[str]]:
+    """The documents of each virtual shard, in order (the ``split_dataset_by_node`` contract)."""
+    src = hf_datasets.load_source(
+        dataset="local", dataset_path=str(path), num_shards=num_shards, **kw
+    )
+    shards = [
+        split_dataset_by_node(src.dataset, rank=v, world_size=num_shards)
+        if num_shards > 1
+        else src.dataset
+        for v in range(num_shards)
+    ]
+    return [[row[src.text_field] for row in shard] for shard in shards]
+
+
+def column_streams(batches) -> list[list[int]]:
+    """Row ``j`` of every batch, concatenated: the token stream served from one shard."""
+    n = batches[0][0].shape[0]
+    cols: list[list[int]] = [[] for _ in range(n)]
+    for inputs, labels in batches:
+        rows = torch.cat([inputs, labels[:, -1:]], dim=1).tolist()
+        for j in range(n):
+            cols[j].extend(rows[j])
+    return cols
+
+
+def assert_shards_cover(batches, shards: list[list[str]], window: int) -> None:
+    """Each batch row j is shard j's tokens in order; the pass ended when a shard ran out."""
+    assert len(batches[0][0]) == len(shards)
+    tails = []
+    for got, texts in zip(column_streams(batches), shards):
+        expected = token_stream(texts)
+        assert got == expected[: len(got)]
+        tails.append(len(expected) - len(got))
+    assert min(tails) < window
 
 
 def roundtrip(state: dict) -> dict:
@@ -151,7 +188,9 @@ def test_packing_windows_labels_and_order(tmp_path):
         assert inputs.dtype == labels.dtype == torch.long
         assert torch.equal(labels[:, :-1], inputs[:, 1:])
     assert all(len(w) == 8 for w in windows(batches))
-    assert_covers(batches, texts, need=3 * 8)
+    shards = shard_texts(path, 3)
+    assert sorted(sum(shards, [])) == sorted(texts)  # the shards partition the documents
+    assert_shards_cover(batches, shards, window=8)
     stream = flat(batches)
     assert stream[0] == TOK.bos_id and TOK.eos_id in stream
 
@@ -159,10 +198,10 @@ def test_packing_windows_labels_and_order(tmp_path):
 def test_infinite_stream_repeats_the_shard(tmp_path):
     texts = make_docs(5)
     path = write_jsonl(tmp_path / "d.jsonl", texts)
-    one_pass = token_stream(texts)
     batches = take(iter(build(path, local_batch_size=2, seq_len=6)), 20)
-    got = flat(batches)
-    assert got == (one_pass * (len(got) // len(one_pass) + 1))[: len(got)]
+    for got, texts in zip(column_streams(batches), shard_texts(path, 2)):
+        one_pass = token_stream(texts)
+        assert got == (one_pass * (len(got) // len(one_pass) + 1))[: len(got)]
 
 
 # ---- sources
@@ -259,7 +298,7 @@ def test_named_debug_dataset(torchtitan_cache):
         seq_len=64,
     )
     assert not loader.streaming and loader.label == "python_docs"
-    assert len(loader._ds) > 1000
+    assert loader.num_rows > 1000
     it = iter(loader)
     inputs, labels = next(it)
     assert inputs.shape == (2, 64) and torch.equal(labels[:, :-1], inputs[:, 1:])
@@ -314,8 +353,8 @@ def test_epoch_end_is_logged(tmp_path, caplog, monkeypatch):
     with caplog.at_level(logging.INFO, logger="torchtitan"):
         take(iter(build(path, local_batch_size=1, seq_len=4)), 30)
     lines = [r.getMessage() for r in caplog.records]
-    assert f"dataset {path}: epoch 1 finished on dp rank 0, starting epoch 2" in lines
-    assert f"dataset {path}: epoch 2 finished on dp rank 0, starting epoch 3" in lines
+    assert f"dataset {path}: virtual shard 0 finished epoch 1, starting epoch 2" in lines
+    assert f"dataset {path}: virtual shard 0 finished epoch 2, starting epoch 3" in lines
 
 
 def test_non_infinite_loader_stops_and_rewinds(tmp_path):
@@ -323,7 +362,7 @@ def test_non_infinite_loader_stops_and_rewinds(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", texts)
     loader = build(path, local_batch_size=2, seq_len=5, infinite=False)
     first = list(loader)
-    assert len(first) == len(token_stream(texts)) // 12
+    assert len(first) == min(len(token_stream(t)) // 6 for t in shard_texts(path, 2))
     assert_same_batches(list(loader), first)  # the next iter() is a fresh pass
 
 
@@ -421,13 +460,16 @@ def test_state_dict_format_is_small_and_keyed_by_rank(tmp_path):
     loader = build(path, streaming=True, dp_rank=1, dp_world_size=2)
     take(iter(loader), 3)
     state = loader.state_dict()
-    assert set(state) == {"dp_world_size", "dp_rank_1"} and state["dp_world_size"] == 2
-    blob = state["dp_rank_1"]
-    assert isinstance(blob, bytes) and len(blob) < 2000
-    inner = json.loads(blob)
-    assert inner["epoch"] == 0 and inner["row"] > 0 and inner["hf_state"]
-    assert len(inner["buffer"]) < 12 + 30  # leftover: less than a batch plus a document
-    assert "doc 049" not in blob.decode()
+    # local batch 2 x dp 2: 4 virtual shards, this rank owns shards 2 and 3
+    assert set(state) == {"virtual_shards", "shard_2", "shard_3"} and state["virtual_shards"] == 4
+    for key in ("shard_2", "shard_3"):
+        blob = state[key]
+        assert isinstance(blob, bytes) and len(blob) < 2000
+        inner = json.loads(blob)
+        assert inner["epoch"] == 0 and inner["row"] > 0 and inner["hf_state"]
+        assert inner["windows"] == 3
+        assert len(inner["buffer"]) < 6 + 30  # leftover: less than a window plus a document
+        assert "doc 049" not in blob.decode()
 
 
 # ---- errors
@@ -481,7 +523,7 @@ def test_row_without_text_field(tmp_path, streaming):
     rows = [{"text": t} for t in make_docs(3)] + [{"body": "no text here", "id": 3}]
     path = write_rows(tmp_path / "d.jsonl", rows)
     with pytest.raises(DataError) as e:
-        list(build(path, streaming=streaming, infinite=False))
+        list(build(path, streaming=streaming, infinite=False, local_batch_size=1))
     msg = str(e.value)
     assert str(path) in msg and "row 3" in msg and "'text'" in msg
     assert "['body', 'id']" in msg and "training.dataset_text_field" in msg
@@ -510,12 +552,13 @@ def test_bad_row_index_is_within_the_rank_shard(tmp_path):
     rows = [{"text": f"doc {i}"} for i in range(10)]
     rows[7] = {"title": "no text"}
     path = write_rows(tmp_path / "d.jsonl", rows)
-    list(build(path, dp_rank=0, dp_world_size=2, infinite=False))  # rows 0-4: fine
-    with pytest.raises(DataError, match=r"row 2 of dp rank 1's shard"):
+    # 4 virtual shards of rows 0-2, 3-5, 6-7, 8-9; dp rank 1 owns shards 2 and 3
+    list(build(path, dp_rank=0, dp_world_size=2, infinite=False))
+    with pytest.raises(DataError, match=r"row 1 of virtual shard 2 \(of 4\)"):
         list(build(path, dp_rank=1, dp_world_size=2, infinite=False))
 
 
-def test_state_from_another_dp_world_size(tmp_path):
+def test_state_from_another_global_batch_size(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(8))
     saved = build(path, dp_rank=0, dp_world_size=2)
     take(iter(saved), 1)
@@ -523,8 +566,9 @@ def test_state_from_another_dp_world_size(tmp_path):
     with pytest.raises(ConfigError) as e:
         build(path).load_state_dict(state)
     msg = str(e.value)
-    assert "dp world size 2" in msg and "dp world size 1" in msg
-    with pytest.raises(ConfigError, match="dp_rank_1"):
+    assert "saved with 4 virtual shards" in msg and "this run has 2" in msg
+    assert "training.global_batch_size = 4" in msg
+    with pytest.raises(ConfigError, match=r"no state for virtual shard\(s\) \[2, 3\]"):
         build(path, dp_rank=1, dp_world_size=2).load_state_dict(state)
 
 
@@ -570,3 +614,65 @@ def test_real_tokenizer_on_the_debug_corpus():
     )
     resumed.load_state_dict(state)
     assert_same_batches(take(iter(resumed), 2), take(it, 2))
+
+
+# ---- the global batch is a function of (dataset, step), not of the layout
+
+# (dp world size, local batch size) for a global batch of 8 sequences: 1 to 8 accumulation steps
+LAYOUTS = [(1, 8), (1, 2), (2, 2), (4, 2), (4, 1), (8, 1)]
+
+
+def global_batches(make, dp: int, local: int, steps: int, start: list[dict] | None = None):
+    """Each step's global batch as the data-parallel ranks read it, stacked in rank order."""
+    loaders = [make(dp_rank=r, dp_world_size=dp, local_batch_size=local) for r in range(dp)]
+    if start is not None:
+        merged = {k: v for state in start for k, v in state.items()}
+        for loader in loaders:
+            loader.load_state_dict(roundtrip(merged))
+    its = [iter(loader) for loader in loaders]
+    accum = 8 // (dp * local)
+    out = []
+    for _ in range(steps):
+        per_rank = [torch.cat([next(it)[0] for _ in range(accum)]) for it in its]
+        out.append(torch.cat(per_rank))
+    return out, loaders
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_global_batch_is_the_same_for_every_layout(tmp_path, streaming):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(40))
+    make = lambda **kw: build(path, streaming=streaming, global_batch_size=8, seq_len=7, **kw)  # noqa: E731
+    reference, _ = global_batches(make, 1, 8, steps=6)
+    assert all(b.shape == (8, 7) for b in reference)
+    assert len({tuple(b.flatten().tolist()) for b in reference}) == 6  # steps differ
+    for dp, local in LAYOUTS[1:]:
+        got, _ = global_batches(make, dp, local, steps=6)
+        for step, (a, b) in enumerate(zip(reference, got), 1):
+            assert torch.equal(a, b), f"dp={dp} local={local}: step {step} differs"
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_resume_with_another_data_parallel_degree(tmp_path, streaming):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(40))
+    make = lambda **kw: build(path, streaming=streaming, global_batch_size=8, seq_len=7, **kw)  # noqa: E731
+    reference, _ = global_batches(make, 1, 8, steps=7)
+    _, saved = global_batches(make, 2, 2, steps=3)
+    states = [loader.state_dict() for loader in saved]
+    for dp, local in ((4, 2), (1, 2), (8, 1)):
+        got, _ = global_batches(make, dp, local, steps=4, start=states)
+        for a, b in zip(reference[3:], got):
+            assert torch.equal(a, b), f"resumed on dp={dp} local={local}"
+
+
+def test_global_batch_must_split_over_ranks(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(8))
+    with pytest.raises(ConfigError, match=r"training.global_batch_size: 6 must be a multiple.*4"):
+        build(path, dp_world_size=2, local_batch_size=2, global_batch_size=6)
+
+
+def test_too_many_virtual_shards_for_the_data(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(3))
+    with pytest.raises(DataError, match=r"3 rows, fewer than its 4 virtual shards.*global_batch_size"):
+        build(path, local_batch_size=4)
+    with pytest.raises(DataError, match=r"virtual shard 3 \(of 4\) has no rows.*global_batch_size"):
+        next(iter(build(path, local_batch_size=4, streaming=True)))

@@ -14,12 +14,17 @@ Sources
     converted to JSON lines (one ``{"text": ...}`` row per document) first; so should very large
     text files, since each file is held in memory as a single row.
 
-Packing
-    Each document is tokenized with BOS and EOS and appended to a token buffer; the buffer is cut
-    into consecutive, non-overlapping windows of ``seq_len + 1`` tokens, and window ``w`` gives
-    ``input = w[:-1]``, ``label = w[1:]``. A batch is ``local_batch_size`` consecutive windows, as
-    two ``int64`` tensors ``[local_batch_size, seq_len]``. A non-infinite loader drops the tokens
-    that do not fill a last batch.
+Packing and virtual shards
+    The dataset is cut into ``V`` virtual shards with ``datasets.distributed.split_dataset_by_node``
+    (contiguous row ranges for map-style datasets; whole files, or every ``V``-th row, for streamed
+    ones), where ``V`` is the global batch size in sequences, whatever the data-parallel degree.
+    Each shard is packed on its own: documents are tokenized with BOS and EOS and appended to the
+    shard's token buffer, which is cut into consecutive, non-overlapping windows of ``seq_len + 1``
+    tokens; window ``w`` gives ``input = w[:-1]``, ``label = w[1:]``. Step ``t``'s global batch is
+    window ``t`` of every shard, so it is a function of (dataset, step) only: 1, 2 or 4 ranks read
+    the same sequences. Data-parallel rank ``r`` of ``D`` owns shards ``[r V/D, (r+1) V/D)`` and
+    serves them ``local_batch_size`` at a time (one batch per gradient-accumulation microbatch), as
+    two ``int64`` tensors ``[local_batch_size, seq_len]``.
 
 Bad rows
     A row without the text field, or whose value is not a string (a null counts as missing), stops
@@ -29,19 +34,20 @@ Bad rows
     would spin forever) or a broken file; pretraining data is expected to be clean, and a clear stop
     is cheaper than a silently different corpus.
 
-Sharding and epochs
-    Data-parallel ranks read disjoint shards made by ``datasets.distributed.split_dataset_by_node``
-    (contiguous row ranges for map-style datasets; whole files, or every ``world_size``-th row, for
-    streamed ones). In infinite mode each rank loops over its shard forever, logging a line at the
-    end of every pass; the order is the same in every pass (nothing is shuffled).
+Epochs
+    In infinite mode each shard loops over its rows forever (the first shard of each rank logs a
+    line at the end of every pass; the order is the same in every pass, nothing is shuffled). A
+    non-infinite loader ends its pass when a shard has no whole window left, dropping the partial
+    windows, and rewinds.
 
 Checkpointing
-    :meth:`HFDataLoader.state_dict` returns ``{"dp_world_size": W, "dp_rank_<r>": <bytes>}``, the
-    bytes being UTF-8 JSON with the epoch, the row position in this rank's shard (and, for a
-    streamed dataset, ``IterableDataset.state_dict()``) and the leftover token buffer, so that a
-    fresh loader given this state yields exactly the batches the saved one would have yielded next.
-    The per-rank value is one opaque object so that a distributed checkpoint stores each rank's
-    state under its own key and loads it back whole, whatever its inner structure.
+    :meth:`HFDataLoader.state_dict` returns ``{"virtual_shards": V, "shard_<v>": <bytes>}`` for
+    this rank's shards, the bytes being UTF-8 JSON with the shard's epoch, row position (and, for a
+    streamed dataset, ``IterableDataset.state_dict()``), windows served and leftover token buffer,
+    so that a fresh loader given this state yields exactly the batches the saved one would have
+    yielded next. Shards are keyed by index, not by rank, so a run with another data-parallel
+    degree (same global batch size) can resume from the union of the saved ranks' states. Each
+    value is one opaque object so that a distributed checkpoint loads it back whole.
 """
 
 from __future__ import annotations
@@ -188,7 +194,7 @@ def _data_files(folder: Path) -> tuple[str, list[str]]:
 
 
 def _load_local(
-    path: Path, *, split: str, streaming: bool, dp_world_size: int
+    path: Path, *, split: str, streaming: bool, num_shards: int
 ) -> Dataset | IterableDataset:
     """Load a local file or folder through ``datasets``."""
     if path.is_dir() and _is_saved_dataset(path):
@@ -201,8 +207,8 @@ def _load_local(
                 )
             ds = ds[split]
         if streaming:
-            # One shard per rank lets split_dataset_by_node hand out whole shards.
-            ds = ds.to_iterable_dataset(num_shards=max(1, min(dp_world_size, len(ds))))
+            # One shard per virtual shard lets split_dataset_by_node hand out whole shards.
+            ds = ds.to_iterable_dataset(num_shards=max(1, min(num_shards, len(ds))))
         return ds
     if path.is_dir():
         kind, files = _data_files(path)
@@ -260,7 +266,7 @@ def load_source(
     split: str = "train",
     text_field: str | None = None,
     streaming: bool | None = None,
-    dp_world_size: int = 1,
+    num_shards: int = 1,
 ) -> _Source:
     """Resolve ``training.dataset`` / ``training.dataset_path`` to an (unsharded) dataset."""
     check_dataset_config(dataset, dataset_path)
@@ -288,15 +294,13 @@ def load_source(
                 Path(spec.local_builder()),
                 split=use_split,
                 streaming=use_streaming,
-                dp_world_size=dp_world_size,
+                num_shards=num_shards,
             )
         label = dataset
     else:
         local = Path(dataset_path).expanduser()
         if local.exists():
-            ds = _load_local(
-                local, split=split, streaming=bool(streaming), dp_world_size=dp_world_size
-            )
+            ds = _load_local(local, split=split, streaming=bool(streaming), num_shards=num_shards)
         else:
             # Hub datasets for pretraining are large: stream them unless told otherwise.
             ds = _load_hub(
@@ -311,84 +315,63 @@ def load_source(
     return _Source(dataset=ds, label=label, text_field=field)
 
 
-class HFDataLoader:
-    """Packed ``(inputs, labels)`` batches from one data-parallel rank's shard; checkpointable.
+class _ShardReader:
+    """One virtual shard: its rows, its packing buffer and its position; yields token windows.
 
-    Iterating continues from the current position (a fresh loader starts at the beginning, a loader
-    given a ``load_state_dict`` starts where the saved one stopped). In infinite mode iteration
-    never ends; otherwise one ``iter()`` is one pass over the rest of the shard, after which the
-    loader rewinds, so the next ``iter()`` is a fresh pass.
+    Reading is lazy: a row is read (and counted in the position) only when its tokens are needed,
+    so the state between two windows is exact.
     """
 
-    def __init__(
-        self,
-        source: _Source,
-        *,
-        tokenizer: Tokenizer,
-        local_batch_size: int,
-        seq_len: int,
-        dp_rank: int = 0,
-        dp_world_size: int = 1,
-        infinite: bool = True,
-    ) -> None:
-        self.label = source.label
-        self.text_field = source.text_field
-        self.tokenizer = tokenizer
-        self.local_batch_size = local_batch_size
-        self.seq_len = seq_len
-        self.dp_rank = dp_rank
-        self.dp_world_size = dp_world_size
-        self.infinite = infinite
-        ds = source.dataset
-        if dp_world_size > 1:
-            ds = split_dataset_by_node(ds, rank=dp_rank, world_size=dp_world_size)
+    def __init__(self, ds: Dataset | IterableDataset, *, index: int, loader: HFDataLoader) -> None:
+        self.index = index
+        self._loader = loader
         self._ds = ds
         self.streaming = isinstance(ds, IterableDataset)
+        field = loader.text_field
         if not self.streaming:
-            names = ds.column_names
             # Reading only the text column keeps wide datasets cheap; full rows only for errors.
-            self._texts = ds.select_columns([self.text_field]) if self.text_field in names else None
-        # Position: epoch (0-based), rows of this rank's shard consumed in this epoch, leftover
+            self._texts = ds.select_columns([field]) if field in ds.column_names else None
+        # Position: epoch (0-based), rows consumed in this epoch, windows yielded so far, leftover
         # tokens; for streamed data, a saved IterableDataset state waiting to be applied.
-        self._epoch = 0
-        self._row = 0
-        self._buffer: list[int] = []
+        self.epoch = 0
+        self.row = 0
+        self.windows = 0
+        self.buffer: list[int] = []
         self._pending_hf_state: dict | None = None
+        self._texts_iter: Iterator[str] | None = None
 
-    @property
-    def _state_key(self) -> str:
-        return f"dp_rank_{self.dp_rank}"
+    def __len__(self) -> int:
+        return len(self._ds)
 
-    # ---- reading rows
+    # ---- rows
 
     def _bad_row(self, index: int, row: dict[str, Any]) -> DataError:
+        field = self._loader.text_field
         fields = sorted(k for k, v in row.items() if v is not None)
-        value = row.get(self.text_field)
+        value = row.get(field)
         if value is None:
-            problem = f"has no field '{self.text_field}' (missing or null)"
+            problem = f"has no field '{field}' (missing or null)"
         else:
             shown = repr(value)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            problem = (
-                f"field '{self.text_field}' holds {type(value).__name__} {shown}, not a string"
-            )
+            problem = f"field '{field}' holds {type(value).__name__} {shown}, not a string"
         return DataError(
-            f"dataset '{self.label}': row {index} of dp rank {self.dp_rank}'s shard "
-            f"(of {self.dp_world_size}) {problem}; the row has fields {fields}; set "
+            f"dataset '{self._loader.label}': row {index} of virtual shard {self.index} "
+            f"(of {self._loader.virtual_shards}) {problem}; the row has fields {fields}; set "
             f"training.dataset_text_field to the field that holds the text"
         )
 
     def _map_style_texts(self) -> Iterator[str]:
-        ds, n = self._ds, len(self._ds)
-        i = self._row
+        ds, n, field = self._ds, len(self._ds), self._loader.text_field
+        i = self.row
         while i < n:
             if self._texts is None:
                 raise self._bad_row(i, ds[i])
-            texts = self._texts[i : i + _ROWS_PER_READ][self.text_field]
+            texts = self._texts[i : i + _ROWS_PER_READ][field]
             for j, text in enumerate(texts):
                 if not isinstance(text, str):
                     raise self._bad_row(i + j, ds[i + j])
-                self._row = i + j + 1
+                self.row = i + j + 1
                 yield text
             i += len(texts)
 
@@ -396,98 +379,89 @@ class HFDataLoader:
         ds = self._ds
         # Each pass has its own epoch number, so a loaded start state applies to its pass only
         # (datasets re-applies it to every pass with the same epoch).
-        ds.set_epoch(self._epoch)
+        ds.set_epoch(self.epoch)
         if self._pending_hf_state is not None:
             ds.load_state_dict(self._pending_hf_state)
-        elif self._row > 0:  # a new iter() in the middle of a pass: continue where it stopped
-            ds.load_state_dict(ds.state_dict())
         self._pending_hf_state = None
-        field = self.text_field
+        field = self._loader.text_field
         for row in ds:
             text = row.get(field)
             if not isinstance(text, str):
-                raise self._bad_row(self._row, row)
-            self._row += 1
+                raise self._bad_row(self.row, row)
+            self.row += 1
             yield text
 
-    # ---- iteration
+    def _next_text(self) -> str | None:
+        """The next document of this pass, or None at the end of the pass."""
+        if self._texts_iter is None:
+            self._texts_iter = self._streamed_texts() if self.streaming else self._map_style_texts()
+        return next(self._texts_iter, None)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        window = self.seq_len + 1
-        need = self.local_batch_size * window
-        encode = self.tokenizer.encode
-        while True:
-            texts = self._streamed_texts() if self.streaming else self._map_style_texts()
-            for text in texts:
-                buf = self._buffer
-                buf.extend(encode(text, bos=True, eos=True))
-                while len(buf) >= need:
-                    # array -> tensor is several times faster than torch.tensor(list)
-                    chunk = torch.frombuffer(array("q", buf[:need]), dtype=torch.long)
-                    chunk = chunk.view(self.local_batch_size, window)
-                    del buf[:need]
-                    yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
-            if self._row == 0:
+    # ---- windows
+
+    def next_window(self, window: int, infinite: bool) -> list[int] | None:
+        """The next ``window`` tokens; None when a non-infinite pass ends (the shard rewinds)."""
+        encode = self._loader.tokenizer.encode
+        while len(self.buffer) < window:
+            text = self._next_text()
+            if text is not None:
+                self.buffer.extend(encode(text, bos=True, eos=True))
+                continue
+            if self.row == 0:
                 raise DataError(
-                    f"dataset '{self.label}': dp rank {self.dp_rank} (of {self.dp_world_size}) "
-                    f"has no rows to read; use a larger dataset or fewer data-parallel ranks"
+                    f"dataset '{self._loader.label}': virtual shard {self.index} (of "
+                    f"{self._loader.virtual_shards}) has no rows; use a larger dataset or a smaller "
+                    "training.global_batch_size (one virtual shard per sequence of the global batch)"
                 )
-            finished = self._epoch + 1
-            self._epoch += 1
-            self._row = 0
-            if not self.infinite:
-                logger.debug(
-                    f"dataset {self.label}: pass finished on dp rank {self.dp_rank}, "
-                    f"dropping {len(self._buffer)} tokens that do not fill a batch"
-                )
-                self._buffer = []
-                return
-            logger.info(
-                f"dataset {self.label}: epoch {finished} finished on dp rank {self.dp_rank}, "
-                f"starting epoch {finished + 1}"
-            )
+            self._end_pass(infinite)
+            if not infinite:
+                return None
+        out = self.buffer[:window]
+        del self.buffer[:window]
+        self.windows += 1
+        return out
 
-    # ---- checkpointing
+    def _end_pass(self, infinite: bool) -> None:
+        self.epoch += 1
+        self.row = 0
+        self._texts_iter = None
+        if not infinite:
+            self.buffer = []
+            return
+        log = logger.info if self.index == self._loader.shards[0] else logger.debug
+        log(
+            f"dataset {self._loader.label}: virtual shard {self.index} finished epoch "
+            f"{self.epoch}, starting epoch {self.epoch + 1}"
+        )
 
-    def state_dict(self) -> dict[str, Any]:
-        """``{"dp_world_size": W, "dp_rank_<r>": UTF-8 JSON bytes}`` (see the module docstring)."""
+    def rewind(self) -> None:
+        """Start a fresh pass from the beginning of the shard (a non-infinite loader's next iter)."""
+        self._texts_iter = None
+        self._pending_hf_state = None
+        self.row = 0
+        self.buffer = []
+
+    # ---- state
+
+    def state(self) -> bytes:
         hf_state = None
-        if self.streaming and self._row > 0:
+        if self.streaming and self.row > 0:
             hf_state = self._pending_hf_state or self._ds.state_dict()
         state = {
             "version": STATE_VERSION,
-            "dataset": self.label,
+            "dataset": self._loader.label,
             "streaming": self.streaming,
-            "epoch": self._epoch,
-            "row": self._row,
-            "buffer": self._buffer,
+            "epoch": self.epoch,
+            "row": self.row,
+            "windows": self.windows,
+            "buffer": self.buffer,
             "hf_state": hf_state,
         }
-        blob = json.dumps(state, separators=(",", ":")).encode()
-        return {"dp_world_size": self.dp_world_size, self._state_key: blob}
+        return json.dumps(state, separators=(",", ":")).encode()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue from a saved state; call before iterating (or take a new ``iter()``)."""
-        if not state_dict:
-            logger.warning(
-                f"dataset {self.label}: empty data loader state on dp rank {self.dp_rank}; "
-                "starting from the beginning"
-            )
-            return
-        saved_world = state_dict.get("dp_world_size")
-        if saved_world != self.dp_world_size:
-            raise ConfigError(
-                f"data loader checkpoint: saved with dp world size {saved_world}, but this run has "
-                f"dp world size {self.dp_world_size}; resuming with a different data-parallel "
-                "degree (resharding the data) is not supported yet: resume with the same "
-                "data-parallel degree, or start the data from scratch"
-            )
-        if self._state_key not in state_dict:
-            raise ConfigError(
-                f"data loader checkpoint: no state for {self._state_key} "
-                f"(found: {', '.join(sorted(k for k in state_dict if k.startswith('dp_rank_')))})"
-            )
-        state = json.loads(state_dict[self._state_key])
+    def load(self, blob: bytes) -> None:
+        state = json.loads(blob)
+        label = self._loader.label
         if state.get("version") != STATE_VERSION:
             raise ConfigError(
                 f"data loader checkpoint: state version {state.get('version')}, "
@@ -500,21 +474,156 @@ class HFDataLoader:
                 f"training.dataset_streaming makes this one {mode[self.streaming]}; use the same "
                 "setting to resume"
             )
-        if state["dataset"] != self.label:
+        if state["dataset"] != label and self.index == self._loader.shards[0]:
             logger.warning(
                 f"data loader checkpoint was saved for dataset '{state['dataset']}', "
-                f"now reading '{self.label}'; resuming at the saved position anyway"
+                f"now reading '{label}'; resuming at the saved position anyway"
             )
         if not self.streaming and state["row"] > len(self._ds):
             raise ConfigError(
-                f"data loader checkpoint: saved at row {state['row']} of dp rank {self.dp_rank}'s "
-                f"shard, but dataset '{self.label}' has {len(self._ds)} rows there; did the data "
-                "change?"
+                f"data loader checkpoint: saved at row {state['row']} of virtual shard "
+                f"{self.index}, but dataset '{label}' has {len(self._ds)} rows there; did the "
+                "data change?"
             )
-        self._epoch = state["epoch"]
-        self._row = state["row"]
-        self._buffer = list(state["buffer"])
+        self.epoch = state["epoch"]
+        self.row = state["row"]
+        self.windows = state["windows"]
+        self.buffer = list(state["buffer"])
+        self._texts_iter = None
         self._pending_hf_state = state["hf_state"] if self.streaming else None
+        if not self.streaming or self.row == 0:
+            self._pending_hf_state = None
+
+
+class HFDataLoader:
+    """Packed ``(inputs, labels)`` batches for one data-parallel rank; checkpointable.
+
+    The dataset is cut into ``virtual_shards`` shards (``split_dataset_by_node(ds, v, V)``), one per
+    sequence of the global batch, however many data-parallel ranks there are. Each shard is packed
+    on its own and gives one ``seq_len + 1`` window per training step, so the global batch of step
+    ``t`` is window ``t`` of every shard: the same for 1, 2 or 4 ranks. DP rank ``r`` of ``D``
+    owns the contiguous shards ``[r V/D, (r+1) V/D)``; its ``V / (D * local_batch_size)`` batches
+    per step (gradient-accumulation microbatches) take ``local_batch_size`` of them each, in order.
+
+    Iterating continues from the current position (a fresh loader starts at the beginning, a loader
+    given a ``load_state_dict`` starts where the saved one stopped). In infinite mode iteration
+    never ends; otherwise one ``iter()`` is one pass, ending when a shard runs out of whole windows,
+    after which the loader rewinds, so the next ``iter()`` is a fresh pass.
+    """
+
+    def __init__(
+        self,
+        source: _Source,
+        *,
+        tokenizer: Tokenizer,
+        local_batch_size: int,
+        seq_len: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        global_batch_size: int | None = None,
+        infinite: bool = True,
+    ) -> None:
+        self.label = source.label
+        self.text_field = source.text_field
+        self.tokenizer = tokenizer
+        self.local_batch_size = local_batch_size
+        self.seq_len = seq_len
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.infinite = infinite
+        per_step = local_batch_size * dp_world_size
+        self.virtual_shards = global_batch_size or per_step
+        if self.virtual_shards % per_step:
+            raise ConfigError(
+                f"training.global_batch_size: {self.virtual_shards} must be a multiple of "
+                f"training.local_batch_size x data-parallel degree ({per_step})"
+            )
+        per_rank = self.virtual_shards // dp_world_size
+        self.shards = range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+        ds = source.dataset
+        if not isinstance(ds, IterableDataset) and len(ds) < self.virtual_shards:
+            raise DataError(
+                f"dataset '{self.label}' has {len(ds)} rows, fewer than its "
+                f"{self.virtual_shards} virtual shards (one per sequence of the global batch); use "
+                "a larger dataset or a smaller training.global_batch_size"
+            )
+        self._readers = [
+            _ShardReader(
+                split_dataset_by_node(ds, rank=v, world_size=self.virtual_shards)
+                if self.virtual_shards > 1
+                else ds,
+                index=v,
+                loader=self,
+            )
+            for v in self.shards
+        ]
+        self.streaming = self._readers[0].streaming
+        self._next_group = 0  # which local_batch_size block of this rank's shards reads next
+
+    @property
+    def num_rows(self) -> int | None:
+        """Rows in this rank's shards (None for streamed data)."""
+        return None if self.streaming else sum(len(r) for r in self._readers)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        window = self.seq_len + 1
+        n = self.local_batch_size
+        groups = len(self._readers) // n
+        while True:
+            readers = self._readers[self._next_group * n : (self._next_group + 1) * n]
+            rows = [r.next_window(window, self.infinite) for r in readers]
+            if any(w is None for w in rows):
+                for r in self._readers:
+                    r.rewind()
+                self._next_group = 0
+                return
+            self._next_group = (self._next_group + 1) % groups
+            flat_rows = [t for w in rows for t in w]
+            # array -> tensor is several times faster than torch.tensor(list)
+            chunk = torch.frombuffer(array("q", flat_rows), dtype=torch.long).view(n, window)
+            yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+    # ---- checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"virtual_shards": V, "shard_<v>": UTF-8 JSON bytes}`` for this rank's shards."""
+        state: dict[str, Any] = {"virtual_shards": self.virtual_shards}
+        for r in self._readers:
+            state[f"shard_{r.index}"] = r.state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a saved state; call before iterating (or take a new ``iter()``).
+
+        The state may come from a run with another data-parallel degree: shards are keyed by their
+        index, so only the number of virtual shards (the global batch size) must match.
+        """
+        if not state_dict:
+            logger.warning(
+                f"dataset {self.label}: empty data loader state on dp rank {self.dp_rank}; "
+                "starting from the beginning"
+            )
+            return
+        saved = state_dict.get("virtual_shards")
+        if saved != self.virtual_shards:
+            raise ConfigError(
+                f"data loader checkpoint: saved with {saved} virtual shards (the global batch "
+                f"size then), but this run has {self.virtual_shards}; resume with "
+                f"training.global_batch_size = {saved}, or start the data from scratch"
+            )
+        missing = [v for v in self.shards if f"shard_{v}" not in state_dict]
+        if missing:
+            found = sorted(k for k in state_dict if k.startswith("shard_"))
+            raise ConfigError(
+                f"data loader checkpoint: no state for virtual shard(s) {missing} of dp rank "
+                f"{self.dp_rank} (found: {', '.join(found) or 'none'})"
+            )
+        for r in self._readers:
+            r.load(state_dict[f"shard_{r.index}"])
+        # Groups advance in order within a step: the next group is the first one behind group 0.
+        n = self.local_batch_size
+        counts = [self._readers[g * n].windows for g in range(len(self._readers) // n)]
+        self._next_group = next((g for g, c in enumerate(counts) if c < counts[0]), 0)
 
 
 def build_hf_dataloader(
@@ -526,12 +635,16 @@ def build_hf_dataloader(
     seq_len: int,
     dp_rank: int = 0,
     dp_world_size: int = 1,
+    global_batch_size: int | None = None,
     infinite: bool = True,
     text_field: str | None = None,
     streaming: bool | None = None,
     split: str = "train",
 ) -> HFDataLoader:
     """The training data loader for one data-parallel rank.
+
+    ``global_batch_size`` (sequences per optimizer step) sets the number of virtual shards; None
+    means ``local_batch_size * dp_world_size`` (no gradient accumulation).
 
     ``text_field`` / ``streaming`` ``None`` take the named dataset's defaults (``"text"``; local
     files are not streamed, Hub datasets are).
@@ -548,7 +661,7 @@ def build_hf_dataloader(
         split=split,
         text_field=text_field,
         streaming=streaming,
-        dp_world_size=dp_world_size,
+        num_shards=global_batch_size or local_batch_size * dp_world_size,
     )
     loader = HFDataLoader(
         source,
@@ -557,11 +670,14 @@ def build_hf_dataloader(
         seq_len=seq_len,
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
+        global_batch_size=global_batch_size,
         infinite=infinite,
     )
-    kind = "streamed" if loader.streaming else f"{len(loader._ds):,} rows on this rank"
+    kind = "streamed" if loader.streaming else f"{loader.num_rows:,} rows on this rank"
+    shards = loader.shards
     logger.info(
-        f"Dataset {source.label} (split {split}, text field '{source.text_field}', {kind}), "
-        f"dp rank {dp_rank} of {dp_world_size}"
+        f"Dataset {source.label} (split {split}, text field '{source.text_field}', {kind}): "
+        f"virtual shards {shards.start}-{shards.stop - 1} of {loader.virtual_shards} on dp rank "
+        f"{dp_rank} of {dp_world_size}"
     )
     return loader
