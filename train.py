@@ -15,11 +15,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from torchtitan import utils
+from torchtitan import float8, utils
 from torchtitan.config_manager import JobConfig, help_text, parse_args
 from torchtitan.errors import TorchTitanError
+from torchtitan.float8 import apply_converters
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, tb_run_dir
+from torchtitan.parallelisms import pipeline_llama
 from torchtitan.parallelisms.init import layout_invariant_init
 from torchtitan.parallelisms.parallelize_llama import loss_context, param_dtype
 from torchtitan.preflight import check
@@ -63,7 +65,8 @@ def train(job_config: JobConfig) -> None:
         streaming=t.dataset_streaming,
     )
 
-    # ---- model: described once, built on the meta device, parallelized, then materialized
+    # ---- model: described once, built on the meta device, cut into this rank's pipeline stages
+    #      (a single part without pipelining), parallelized, then materialized
     model_args = dataclasses.replace(
         plan.model_args, vocab_size=tokenizer.n_words, max_seq_len=t.seq_len
     )
@@ -74,12 +77,19 @@ def train(job_config: JobConfig) -> None:
         f"Model {job_config.model.name} {job_config.model.flavor}: {nparams:,} parameters, "
         f"{flops_per_token:,} training FLOPs per token (seq_len {t.seq_len}), vocab {model_args.vocab_size}"
     )
-    model = spec.parallelize_fn(model, mesh, dims, job_config, utils.device_type)
-    model.to_empty(device=device)
-    with torch.no_grad(), layout_invariant_init(model, seed):
-        model.init_weights()
-    model.train()
-    model_parts = [model]
+    apply_converters(model, job_config)  # e.g. float8 linears, before any sharding
+    parts = _split_into_stages(model, plan.pipeline, mesh)  # {stage index: module}
+    for stage, part in parts.items():
+        parts[stage] = spec.parallelize_fn(part, mesh, dims, job_config, utils.device_type)
+        _materialize(parts[stage], device, seed)
+    model_parts = list(parts.values())
+    _log_local_share(model_parts, nparams_total=sum(p.numel() for p in model.parameters()))
+    pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
+    pipeline = None  # without pipelining, forward and backward are plain calls
+    if plan.pipeline is not None:
+        pipeline = pipeline_llama.Pipeline(
+            plan.pipeline, parts, device, pp_group, spec.loss_fn, plan.grad_accum_steps
+        )
 
     # ---- optimizer, schedule, metrics
     optimizer = spec.build_optimizer_fn(model_parts, job_config.optimizer)
@@ -110,22 +120,67 @@ def train(job_config: JobConfig) -> None:
             t0 = time.perf_counter()
             inputs, labels = next(data_iter)
             metrics.data_loading_times.append(time.perf_counter() - t0)
-            metrics.ntokens_since_last_log += labels.numel()
+            # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch
+            metrics.ntokens_since_last_log += labels.numel() // dims.non_data_parallel_size
             inputs, labels = inputs.to(device), labels.to(device)
             with loss_context(dims, job_config):
-                with autocast:
-                    loss = spec.loss_fn(model(inputs), labels) / plan.grad_accum_steps
-                loss.backward()
+                loss = _forward_backward(
+                    model_parts[0], pipeline, spec.loss_fn, inputs, labels, autocast, plan
+                )
             loss_sum += _local(loss.detach())
         params = [p for m in model_parts for p in m.parameters()]
-        grad_norm = utils.clip_grad_norm_(params, t.max_norm)
+        grad_norm = utils.clip_grad_norm_(params, t.max_norm, pp_group=pp_group)
         optimizer.step()
+        float8.after_optimizer_step(model_parts, job_config)
         lr = lr_scheduler.get_last_lr()[0]
         lr_scheduler.step()
         if metrics.should_log(step):
             metrics.log(step, _dp_mean(loss_sum, dp_mesh), float(grad_norm), lr)
     metrics.close()
     logger.info("Training finished")
+
+
+def _split_into_stages(model, pipeline_plan, mesh) -> dict:
+    """This rank's pipeline stages by index (the layout is logged), or ``{0: model}``."""
+    if pipeline_plan is None:
+        return {0: model}
+    logger.info(pipeline_plan.describe())
+    return pipeline_llama.split_model(model, pipeline_plan, mesh["pp"].get_local_rank())
+
+
+def _log_local_share(model_parts: list[torch.nn.Module], nparams_total: int) -> None:
+    """How many parameter elements this rank holds (its FSDP / TP shards of its stages)."""
+    local = sum(_local_numel(p) for m in model_parts for p in m.parameters())
+    logger.info(
+        f"Parameters on this rank: {local:,} of {nparams_total:,} ({100 * local / nparams_total:.1f}%)"
+    )
+
+
+def _local_numel(p: torch.Tensor) -> int:
+    return p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+
+
+def _materialize(part: torch.nn.Module, device: torch.device, seed: int) -> None:
+    """Allocate a meta-device (parallelized) part and initialize it as in the unsplit model."""
+    part.to_empty(device=device)
+    with torch.no_grad(), layout_invariant_init(part, seed):
+        part.init_weights()
+    part.train()
+
+
+def _forward_backward(model, pipeline, loss_fn, inputs, labels, autocast, plan) -> torch.Tensor:
+    """Forward and backward of one local batch; its loss divided by the accumulation steps.
+
+    With pipeline parallelism the schedule runs both, micro-batch by micro-batch, and every
+    pipeline rank gets the loss (``model``, the first local stage, is then not called directly).
+    """
+    if pipeline is not None:
+        with autocast:
+            return pipeline.forward_backward(inputs, labels)
+    with autocast:
+        loss = loss_fn(model(inputs), labels) / plan.grad_accum_steps
+    loss.backward()
+    return loss
 
 
 def _autocast(job_config: JobConfig, dims) -> contextlib.AbstractContextManager:

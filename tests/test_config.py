@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from torchtitan.config_manager import JobConfig, help_text, parse_args
 from torchtitan.errors import ConfigError
@@ -247,6 +248,40 @@ def test_every_shipped_config_passes_preflight(path):
     kind = "sentencepiece" if "llama2" in path.name else "tiktoken"
     tok = str(ROOT / "tests" / "assets" / "tokenizer" / f"{kind}.model")
     cfg = parse_args(["--job.config_file", str(path), "--model.tokenizer_path", tok])
-    plan = check(cfg, world_size=8)
-    assert plan.dims.dp_shard == 8 and plan.grad_accum_steps == 1
+    # The smallest world each config is written for: 8 GPUs, or nodes of them for TP x FSDP (x PP)
+    world = {"llama3_70b.toml": 64, "llama2_70b.toml": 64, "llama3_405b.toml": 256}
+    world_size = world.get(path.name, 8)
+    plan = check(cfg, world_size=world_size)
+    d = plan.dims
+    assert d.dp_shard * d.tp * d.pp == world_size and d.dp_shard >= 2
+    assert plan.grad_accum_steps == 1
     assert cfg.training.seq_len <= plan.model_args.max_seq_len
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--model.converters", "float8"], "model.converters: float8 needs a CUDA GPU"),
+        (
+            ["--model.converters", "int4"],
+            "model.converters: unknown converter 'int4'; valid: float8",
+        ),
+        (
+            ["--parallelism.enable_async_tensor_parallel"],
+            "parallelism.enable_async_tensor_parallel: async tensor parallel needs CUDA GPUs",
+        ),
+        (
+            ["--parallelism.context_parallel_degree", "2"],
+            "parallelism.context_parallel_degree: 2 needs CUDA GPUs",
+        ),
+        (["--float8.recipe_name", "int8"], "float8.recipe_name: 'int8' is not one of"),
+    ],
+)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine reports")
+def test_gpu_only_features_fail_clearly_on_cpu(args, expected):
+    from torchtitan.preflight import check
+
+    with pytest.raises(ConfigError) as e:
+        world = 2 if "context_parallel_degree" in " ".join(args) else 1
+        check(parse_args(args), world_size=world)
+    assert expected in str(e.value) and "\n" not in str(e.value)

@@ -672,7 +672,9 @@ def test_global_batch_must_split_over_ranks(tmp_path):
 
 def test_too_many_virtual_shards_for_the_data(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(3))
-    with pytest.raises(DataError, match=r"3 rows, fewer than its 4 virtual shards.*global_batch_size"):
+    with pytest.raises(
+        DataError, match=r"3 rows, fewer than its 4 virtual shards.*global_batch_size"
+    ):
         build(path, local_batch_size=4)
     with pytest.raises(DataError, match=r"virtual shard 3 \(of 4\) has no rows.*global_batch_size"):
         next(iter(build(path, local_batch_size=4, streaming=True)))

@@ -9,37 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
-
-
-def _launch(
-    tmp_path: Path, *args: str, ngpu: int = 1, timeout: int = 600
-) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.update(
-        NGPU=str(ngpu),
-        TORCHTITAN_CACHE=str(tmp_path / "cache"),
-        HF_DATASETS_CACHE=str(tmp_path / "hf"),
-        HF_HUB_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-        PYTHON=sys.executable,
-    )
-    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _losses(stdout: str) -> dict[int, float]:
-    return {int(s): float(v) for s, v in STEP_RE.findall(stdout)}
+from launcher import ROOT, console_losses, launch
 
 
 @pytest.mark.slow
 def test_default_debug_run_loss_falls_and_writes_tensorboard(tmp_path):
-    out = _launch(tmp_path)
+    out = launch(tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "world_size=1 dp_replicate=1 dp_shard=1 cp=1 tp=1 pp=1" in out.stdout
-    losses = _losses(out.stdout)
+    losses = console_losses(out.stdout)
     first, last = losses[min(losses)], losses[max(losses)]
     assert max(losses) == 60
     assert first - last > 1.0, losses
@@ -61,7 +39,7 @@ def test_default_debug_run_loss_falls_and_writes_tensorboard(tmp_path):
 
 @pytest.mark.slow
 def test_four_cpu_workers_with_fsdp(tmp_path):
-    out = _launch(
+    out = launch(
         tmp_path,
         "--training.steps",
         "6",
@@ -75,14 +53,14 @@ def test_four_cpu_workers_with_fsdp(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "world_size=4 dp_replicate=1 dp_shard=4 cp=1 tp=1 pp=1" in out.stdout
     assert "Applied FSDP" in out.stdout
-    losses = _losses(out.stdout)
+    losses = console_losses(out.stdout)
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert losses[6] < losses[1]
 
 
 @pytest.mark.slow
 def test_ddp_with_gradient_accumulation(tmp_path):
-    out = _launch(
+    out = launch(
         tmp_path,
         "--parallelism.data_parallel_replicate_degree",
         "2",
@@ -102,7 +80,7 @@ def test_ddp_with_gradient_accumulation(tmp_path):
     assert "world_size=2 dp_replicate=2 dp_shard=1" in out.stdout
     assert "Applied DDP" in out.stdout
     assert "local 2 x dp 2 x 2 accumulation steps" in out.stdout
-    assert sorted(_losses(out.stdout)) == [1, 2, 3]
+    assert sorted(console_losses(out.stdout)) == [1, 2, 3]
 
 
 @pytest.mark.parametrize(
@@ -132,7 +110,7 @@ def test_ddp_with_gradient_accumulation(tmp_path):
     ],
 )
 def test_launcher_reports_bad_config_before_torchrun(tmp_path, args, ngpu, expected):
-    out = _launch(tmp_path, *args, ngpu=ngpu, timeout=120)
+    out = launch(tmp_path, *args, ngpu=ngpu, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.strip().startswith(expected), out.stderr
     assert "Traceback" not in out.stdout + out.stderr
@@ -143,10 +121,20 @@ def test_launcher_reports_bad_config_before_torchrun(tmp_path, args, ngpu, expec
 def test_bad_data_in_a_worker_is_one_line_not_a_traceback(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
-    out = _launch(tmp_path, "--training.dataset_path", str(data), "--training.steps", "2", ngpu=2)
+    out = launch(
+        tmp_path,
+        "--training.dataset_path",
+        str(data),
+        "--training.steps",
+        "2",
+        "--training.local_batch_size",
+        "1",
+        ngpu=2,
+    )
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: rank 1: dataset '{data}': row 0 of dp rank 1's shard"), last
+    expected = f"error: rank 1: dataset '{data}': row 0 of virtual shard 1 (of 2)"
+    assert last.startswith(expected), last
     assert "has no field 'text'" in last and "training.dataset_text_field" in last
     assert "Traceback" not in out.stdout + out.stderr
 

@@ -64,7 +64,25 @@ class Model:
         "tests/assets/tokenizer/tiktoken.model",
         "Tokenizer file: a tiktoken BPE file (Llama 3) or a SentencePiece model (Llama 2)",
     )
-    converters: list[str] = opt([], "Model converters applied after build, e.g. float8 (GPU only)")
+    converters: list[str] = opt(
+        [], "Model converters applied to the meta model before parallelism: float8 (GPU only)"
+    )
+
+
+@dataclass
+class Float8:
+    recipe_name: str = opt(
+        "tensorwise",
+        "Float8 scaling recipe (torchao)",
+        choices=("tensorwise", "rowwise", "rowwise_with_gw_hp"),
+    )
+    enable_fsdp_float8_all_gather: bool = opt(
+        False, "FSDP all-gathers float8 weights (tensorwise recipe only)"
+    )
+    precompute_float8_dynamic_scale_for_fsdp: bool = opt(
+        False, "Compute all float8 weight scales in one pass after the optimizer step"
+    )
+    filter_fqns: list[str] = opt(["output"], "Linear layers (by name) kept in high precision")
 
 
 @dataclass
@@ -251,6 +269,7 @@ class Debug:
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
+    float8: Float8 = field(default_factory=Float8)
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     training: Training = field(default_factory=Training)
@@ -520,10 +539,6 @@ def validate(cfg: JobConfig) -> None:
             raise ConfigError(
                 f"{dotted}: this feature is not available in this version yet; leave it unset"
             )
-    if cfg.model.converters:
-        raise ConfigError(
-            f"model.converters: {cfg.model.converters} not available in this version yet; leave it empty"
-        )
     t = cfg.training
     if t.global_batch_size != -1 and t.global_batch_size < 1:
         raise ConfigError(

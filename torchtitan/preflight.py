@@ -11,10 +11,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from torchtitan import utils
 from torchtitan.config_manager import JobConfig, parse_args
 from torchtitan.datasets.hf_datasets import check_dataset_config
 from torchtitan.errors import ConfigError, TorchTitanError
+from torchtitan.float8 import check_converters
 from torchtitan.parallelisms.parallel_dims import ParallelDims
+from torchtitan.parallelisms.pipeline_llama import PipelinePlan, check_pipeline_config
 from torchtitan.train_spec import TrainSpec, get_model_args, get_train_spec
 
 
@@ -27,10 +30,12 @@ class Plan:
     model_args: Any
     grad_accum_steps: int
     global_batch_size: int
+    pipeline: PipelinePlan | None = None  # set when parallelism.pipeline_parallel_degree > 1
 
 
 def check(job_config: JobConfig, world_size: int) -> Plan:
     p, t = job_config.parallelism, job_config.training
+    _check_device_features(job_config, utils.device_type)
     dims = ParallelDims(
         dp_replicate=p.data_parallel_replicate_degree,
         dp_shard=p.data_parallel_shard_degree,
@@ -43,6 +48,7 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
     spec = get_train_spec(job_config.model.name)
     model_args = get_model_args(job_config.model.name, job_config.model.flavor)
     _check_model_fits_layout(dims, model_args)
+    pipeline = check_pipeline_config(job_config, model_args, dims) if dims.pp > 1 else None
     per_step = t.local_batch_size * dims.dp
     global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
     if global_batch % per_step:
@@ -50,7 +56,7 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
             f"training.global_batch_size: {global_batch} must be a multiple of training.local_batch_size "
             f"x data-parallel degree = {t.local_batch_size} x {dims.dp} = {per_step}"
         )
-    return Plan(dims, spec, model_args, global_batch // per_step, global_batch)
+    return Plan(dims, spec, model_args, global_batch // per_step, global_batch, pipeline)
 
 
 def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
@@ -64,6 +70,29 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
     if dims.pp > args.n_layers:
         raise ConfigError(
             f"parallelism.pipeline_parallel_degree: {dims.pp} exceeds the model's {args.n_layers} layers"
+        )
+
+
+def _check_device_features(job_config: JobConfig, device_type: str) -> None:
+    """Features that need CUDA GPUs fail here, on a CPU machine, with the key that asked for them."""
+    p = job_config.parallelism
+    tp, cp = p.tensor_parallel_degree, p.context_parallel_degree
+    check_converters(job_config, device_type, tp)
+    if job_config.parallelism.enable_async_tensor_parallel:
+        key = "parallelism.enable_async_tensor_parallel"
+        if device_type != "cuda":
+            raise ConfigError(
+                f"{key}: async tensor parallel needs CUDA GPUs (symmetric memory); set it false on CPU"
+            )
+        if tp == 1 or not job_config.compile.enable:
+            raise ConfigError(
+                f"{key}: needs parallelism.tensor_parallel_degree > 1 and compile.enable = true "
+                f"(got tp={tp}, compile.enable={job_config.compile.enable})"
+            )
+    if cp > 1 and device_type != "cuda":
+        raise ConfigError(
+            f"parallelism.context_parallel_degree: {cp} needs CUDA GPUs (ring attention runs "
+            "on the flash / memory-efficient SDPA kernels); use 1 on CPU"
         )
 
 

@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torchtitan.errors import ConfigError
 
 # Degrees this release can run; the others are declared in the config and rejected clearly.
-SUPPORTED_NOW = ("dp_replicate", "dp_shard", "tp")
+SUPPORTED_NOW = ("dp_replicate", "dp_shard", "tp", "pp")
 
 _KEYS = {
     "dp_replicate": "parallelism.data_parallel_replicate_degree",
@@ -96,6 +96,11 @@ class ParallelDims:
         dp_names = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
         if len(dp_names) > 1:
             mesh[dp_names]._flatten(mesh_dim_name="dp")
+        # Parameters sharded over several dims (FSDP x TP, HSDP x TP) reduce their grad norm over
+        # all of them: one flattened dim lets DTensor do that in one all-reduce instead of several.
+        sharded = tuple(n for n in names if n != "pp")
+        if len(sharded) > 1 and sharded != dp_names:
+            mesh[sharded]._flatten(mesh_dim_name="_".join(sharded))
         return mesh
 
     def dp_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:

@@ -58,7 +58,12 @@ def parallelize_llama(
     device_type: str,
 ) -> nn.Module:
     if dims.tp > 1:
-        apply_tp(model, mesh["tp"], loss_parallel=uses_loss_parallel(dims, job_config))
+        apply_tp(
+            model,
+            mesh["tp"],
+            loss_parallel=uses_loss_parallel(dims, job_config),
+            async_tp=job_config.parallelism.enable_async_tensor_parallel,
+        )
         logger.info(
             f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config)}"
         )
@@ -75,12 +80,17 @@ def parallelize_llama(
         logger.info("Compiled each transformer block with torch.compile")
     if dims.dp_shard_enabled:
         names = ("dp_replicate", "dp_shard") if dims.dp_replicate_enabled else ("dp_shard",)
+        reshard = job_config.parallelism.fsdp_reshard_after_forward
+        if reshard == "default" and dims.pp > 1:
+            # A pipeline stage runs forward once per micro-batch: keep its parameters gathered
+            # rather than all-gather them again for every micro-batch.
+            reshard = "never"
         apply_fsdp(
             model,
             mesh[names],
             param_dtype=param_dtype(job_config, device_type),
             reduce_dtype=DTYPES[job_config.training.mixed_precision_reduce],
-            reshard_after_forward=job_config.parallelism.fsdp_reshard_after_forward,
+            reshard_after_forward=reshard,
         )
         logger.info(f"Applied {'HSDP' if dims.dp_replicate_enabled else 'FSDP'} to the model")
     elif dims.dp_replicate_enabled:
@@ -92,12 +102,22 @@ def parallelize_llama(
 # ----------------------------------------------------------------------------- tensor parallel
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool) -> None:
+def apply_tp(
+    model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool, async_tp: bool = False
+) -> None:
     """Megatron-style TP: column-wise wq/wk/wv/w1/w3, row-wise wo/w2, sequence parallel norms.
 
     Activations between blocks stay sharded along the sequence (``Shard(1)``); each attention and
-    feed-forward input is all-gathered once and its output reduce-scattered back.
+    feed-forward input is all-gathered once and its output reduce-scattered back. With
+    ``async_tp`` (CUDA and compiled blocks), inductor splits those collectives into pieces that
+    overlap with the matmuls through symmetric memory.
     """
+    if async_tp:
+        from torch._inductor import config as inductor_config
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        inductor_config._micro_pipeline_tp = True
+        enable_symm_mem_for_group(tp_mesh.get_group().group_name)
     root_plan = {}
     if model.tok_embeddings is not None:
         root_plan["tok_embeddings"] = RowwiseParallel(

@@ -1,0 +1,45 @@
+"""Shared by the end-to-end tests: start ``run_llama_train.sh`` for real and read what it logged."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
+
+
+def launch(
+    tmp_path: Path, *args: str, ngpu: int = 1, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """``NGPU=ngpu ./run_llama_train.sh --job.dump_folder tmp_path/out args``, offline, on CPU."""
+    env = dict(os.environ)
+    env.update(
+        NGPU=str(ngpu),
+        TORCHTITAN_CACHE=str(tmp_path / "cache"),
+        HF_DATASETS_CACHE=str(tmp_path / "hf"),
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHON=sys.executable,
+    )
+    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def console_losses(stdout: str) -> dict[int, float]:
+    """``{step: loss}`` from the console lines (4 decimals)."""
+    return {int(s): float(v) for s, v in STEP_RE.findall(stdout)}
+
+
+def tensorboard_scalars(dump_folder: Path, tag: str = "loss") -> dict[int, float]:
+    """``{step: value}`` of one scalar from the only TensorBoard run under ``dump_folder/tb``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = list((dump_folder / "tb").iterdir())
+    assert len(runs) == 1, runs
+    acc = EventAccumulator(str(runs[0]))
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)}

@@ -1,0 +1,400 @@
+"""Pipeline parallelism: the stage split and its validation (in-process, fast), exact gradients of
+every schedule (tests/pp_worker.py in 2 processes), and train.py runs in 2 and 4 CPU processes
+whose per-step losses match the run without pipelining."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchtitan.config_manager import parse_args
+from torchtitan.errors import ConfigError
+from torchtitan.models.llama.model import ModelArgs, Transformer
+from torchtitan.parallelisms import pipeline_llama
+from torchtitan.parallelisms.init import layout_invariant_init
+from torchtitan.parallelisms.parallel_dims import ParallelDims
+from torchtitan.parallelisms.pipeline_llama import (
+    PipelinePlan,
+    check_pipeline_config,
+    split_layers,
+    split_model,
+)
+from torchtitan.preflight import check
+
+ROOT = Path(__file__).resolve().parents[1]
+DEBUG_TOML = str(ROOT / "train_configs" / "debug_model.toml")
+TOKENIZER = str(ROOT / "tests" / "assets" / "tokenizer" / "tiktoken.model")
+DEBUG_ARGS = ModelArgs(dim=256, n_layers=6, n_heads=16, n_kv_heads=8, vocab_size=2256)
+
+
+def _job(*args: str):
+    return parse_args(["--job.config_file", DEBUG_TOML, "--model.tokenizer_path", TOKENIZER, *args])
+
+
+def _dims(pp: int = 2, dp_replicate: int = 1, dp_shard: int = 1) -> ParallelDims:
+    world = pp * dp_replicate * dp_shard
+    return ParallelDims(dp_replicate, dp_shard, cp=1, tp=1, pp=pp, world_size=world)
+
+
+def _plan(*args: str, pp: int = 2, model_args: ModelArgs = DEBUG_ARGS) -> PipelinePlan:
+    return check_pipeline_config(_job(*args), model_args, _dims(pp))
+
+
+# --------------------------------------------------------------------------------------------
+# Stage split and validation (no processes)
+# --------------------------------------------------------------------------------------------
+
+
+def test_split_layers_even_then_extra_layers_first():
+    assert split_layers(6, 2) == ((0, 1, 2), (3, 4, 5))
+    assert split_layers(7, 3) == ((0, 1, 2), (3, 4), (5, 6))
+    assert split_layers(6, 4) == ((0, 1), (2, 3), (4,), (5,))
+
+
+@pytest.mark.parametrize(
+    "schedule, pp, layers_per_stage, stages_per_rank",
+    [
+        ("1F1B", 2, None, [[0], [1]]),
+        ("gpipe", 3, None, [[0], [1], [2]]),
+        ("GPipe", 2, 3, [[0], [1]]),
+        ("Interleaved1F1B", 2, None, [[0, 2], [1, 3]]),
+        ("interleaved1f1b", 2, 1, [[0, 2, 4], [1, 3, 5]]),
+        ("LoopedBFS", 3, 1, [[0, 3], [1, 4], [2, 5]]),
+        ("InterleavedZeroBubble", 2, None, [[0, 2], [1, 3]]),
+        ("ZBVZeroBubble", 2, None, [[0, 3], [1, 2]]),
+        ("DualPipeV", 3, 1, [[0, 5], [1, 4], [2, 3]]),
+    ],
+)
+def test_stages_per_rank(schedule, pp, layers_per_stage, stages_per_rank):
+    args = ["--parallelism.pipeline_parallel_schedule", schedule]
+    if layers_per_stage is not None:
+        args += ["--parallelism.pipeline_parallel_layers_per_stage", str(layers_per_stage)]
+    plan = _plan(*args, pp=pp)
+    assert plan.schedule.lower() == schedule.lower()
+    assert [plan.stages_of(r) for r in range(pp)] == stages_per_rank
+    assert sum(len(layers) for layers in plan.stage_layers) == 6
+    assert all(plan.stage_rank(s) == r for r, ss in enumerate(stages_per_rank) for s in ss)
+
+
+def test_plan_layout_microbatches_and_log_line():
+    plan = _plan(
+        "--parallelism.pipeline_parallel_schedule",
+        "Interleaved1F1B",
+        "--training.local_batch_size",
+        "8",
+        "--parallelism.pipeline_parallel_microbatch_size",
+        "2",
+    )
+    assert plan.stage_layers == ((0, 1), (2, 3), (4,), (5,))
+    assert (plan.microbatch_size, plan.n_microbatches) == (2, 4)
+    text = plan.describe()
+    assert text.startswith("Pipeline schedule Interleaved1F1B: 4 stages on pp=2 ranks")
+    assert "stage 0 (pp rank 0): tok_embeddings + layers 0-1" in text
+    assert "stage 3 (pp rank 1): layer 5 + norm + output" in text
+
+
+_KEY = "parallelism.pipeline_parallel_"
+
+
+@pytest.mark.parametrize(
+    "args, dims, expected",
+    [
+        (
+            [f"--{_KEY}schedule", "ZigZag"],
+            {},
+            f"{_KEY}schedule: unknown schedule 'ZigZag'; valid: GPipe, 1F1B, Interleaved1F1B",
+        ),
+        (
+            [f"--{_KEY}layers_per_stage", "4"],
+            {},
+            f"{_KEY}layers_per_stage: 4 does not divide the model's 6 layers into a multiple of "
+            "pipeline_parallel_degree=2 stages",
+        ),
+        (
+            [f"--{_KEY}layers_per_stage", "3"],
+            {"pp": 3},
+            f"{_KEY}layers_per_stage: 3 does not divide the model's 6 layers",
+        ),
+        (
+            [f"--{_KEY}layers_per_stage", "1"],
+            {},
+            f"{_KEY}layers_per_stage: 1 makes 6 stages, but the 1F1B schedule runs exactly one "
+            "stage per rank",
+        ),
+        (
+            [f"--{_KEY}layers_per_stage", "1", f"--{_KEY}schedule", "ZBVZeroBubble"],
+            {},
+            "the ZBVZeroBubble schedule runs exactly two stages per rank (4 stages)",
+        ),
+        (
+            [f"--{_KEY}schedule", "Interleaved1F1B"],
+            {"pp": 4},
+            f"{_KEY}degree: 4 with the Interleaved1F1B schedule needs 8 stages (2 per rank), "
+            "more than the model's 6 layers",
+        ),
+        (
+            [f"--{_KEY}microbatch_size", "3"],
+            {},
+            f"training.local_batch_size: 8 is not divisible by {_KEY}microbatch_size=3",
+        ),
+        (
+            [f"--{_KEY}microbatch_size", "8"],
+            {},
+            f"{_KEY}microbatch_size: 8 cuts training.local_batch_size=8 into 1 micro-batches, "
+            "but the 1F1B schedule needs at least one per stage (2)",
+        ),
+        (
+            [f"--{_KEY}schedule", "DualPipeV", "--training.local_batch_size", "2"],
+            {},
+            "the DualPipeV schedule needs at least one per stage (4)",
+        ),
+        (
+            [f"--{_KEY}schedule", "Interleaved1F1B", "--training.local_batch_size", "5"],
+            {},
+            "into 5 micro-batches, but the Interleaved1F1B schedule needs a count of at most",
+        ),
+        (
+            [],
+            {"dp_replicate": 2},
+            "parallelism.data_parallel_replicate_degree: 2 (DDP) does not work with pipeline",
+        ),
+        (
+            [f"--{_KEY}schedule", "InterleavedZeroBubble", "--compile.enable"],
+            {},
+            "InterleavedZeroBubble splits backward into input and weight parts, which "
+            "torch.compile does not support",
+        ),
+        (
+            [
+                f"--{_KEY}schedule",
+                "ZBVZeroBubble",
+                "--activation_checkpoint.mode",
+                "selective",
+                "--activation_checkpoint.selective_ac_option",
+                "op",
+            ],
+            {},
+            "per-op selective activation checkpointing cannot replay twice",
+        ),
+    ],
+)
+def test_pipeline_config_errors(args, dims, expected):
+    with pytest.raises(ConfigError) as e:
+        check_pipeline_config(_job(*args), DEBUG_ARGS, _dims(**dims))
+    assert expected in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_tied_embeddings_cannot_be_split():
+    job = _job("--model.flavor", "1B", "--parallelism.pipeline_parallel_degree", "2")
+    with pytest.raises(ConfigError, match=r"llama3 1B ties its input and output embeddings"):
+        check(job, world_size=2)
+
+
+def test_preflight_plans_the_pipeline():
+    plan = check(_job("--parallelism.pipeline_parallel_degree", "2"), world_size=4)
+    assert plan.dims.pp == 2 and plan.dims.dp_shard == 2
+    assert plan.pipeline is not None and plan.pipeline.num_stages == 2
+    assert check(_job(), world_size=2).pipeline is None
+    with pytest.raises(ConfigError, match="pipeline_parallel_layers_per_stage: 4 does not"):
+        check(
+            _job(
+                "--parallelism.pipeline_parallel_degree",
+                "2",
+                "--parallelism.pipeline_parallel_layers_per_stage",
+                "4",
+            ),
+            world_size=2,
+        )
+
+
+def _materialize(model: torch.nn.Module) -> torch.nn.Module:
+    model.to_empty(device="cpu")
+    with torch.no_grad(), layout_invariant_init(model, 3):
+        model.init_weights()
+    return model
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+def test_stages_keep_names_weights_and_compose_to_the_full_model(schedule):
+    args = ModelArgs(dim=32, n_layers=6, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
+    plan = _plan("--parallelism.pipeline_parallel_schedule", schedule, model_args=args)
+    with torch.device("meta"):
+        full = Transformer(args)
+    stages = {}
+    for rank in range(plan.pp):
+        stages.update(split_model(full, plan, rank))
+    assert sorted(stages) == list(range(plan.num_stages))
+    names = [n for s in stages.values() for n, _ in s.named_parameters()]
+    assert sorted(names) == sorted(n for n, _ in full.named_parameters())  # all, once each
+    full = _materialize(full)
+    reference = dict(full.named_parameters())
+    for index, stage in stages.items():
+        assert (stage.tok_embeddings is not None) == (index == 0)
+        assert (stage.output is not None) == (index == plan.num_stages - 1)
+        assert list(stage.layers) == [str(i) for i in plan.stage_layers[index]]
+        for name, param in _materialize(stage).named_parameters():
+            assert torch.equal(param, reference[name]), name
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        h = tokens
+        for index in range(plan.num_stages):
+            h = stages[index](h)
+        torch.testing.assert_close(h, full(tokens))
+
+
+# --------------------------------------------------------------------------------------------
+# Real processes (gloo on CPU)
+# --------------------------------------------------------------------------------------------
+
+STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)\s+grad_norm:\s+([0-9.]+)")
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return dict(
+        os.environ,
+        TORCHTITAN_CACHE=str(tmp / "cache"),
+        HF_DATASETS_CACHE=str(tmp / "hf"),
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+    )
+
+
+def _torchrun(nproc: int) -> list[str]:
+    if nproc == 1:
+        return [sys.executable]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--local-ranks-filter=0",
+        "--role=rank",
+        "--tee=3",
+    ]
+
+
+def _train(tmp: Path, nproc: int, *args: str) -> tuple[dict[int, tuple[float, float]], str]:
+    """``{step: (loss, grad_norm)}`` of a short deterministic debug run, and its stdout."""
+    cmd = [
+        *_torchrun(nproc),
+        str(ROOT / "train.py"),
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.dump_folder",
+        str(tmp / "out"),
+        "--metrics.enable_tensorboard=false",
+        "--debug.deterministic",
+        "--debug.seed",
+        "42",
+        "--metrics.log_freq",
+        "1",
+        "--training.local_batch_size",
+        "4",
+        "--training.seq_len",
+        "64",
+        "--training.steps",
+        "3",
+        *args,
+    ]
+    out = subprocess.run(cmd, cwd=ROOT, env=_env(tmp), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    steps = {int(s): (float(loss), float(g)) for s, loss, g in STEP_RE.findall(out.stdout)}
+    assert sorted(steps) == [1, 2, 3], out.stdout[-3000:]
+    return steps, out.stdout
+
+
+def _assert_same_run(got: dict, want: dict) -> None:
+    assert got[1][0] == pytest.approx(want[1][0], abs=1e-4), (got, want)
+    assert got[1][1] == pytest.approx(want[1][1], abs=1e-3), (
+        got,
+        want,
+    )  # grad norm over all stages
+    for step in want:
+        assert got[step][0] == pytest.approx(want[step][0], abs=2e-3), (got, want)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The reference: one process, no pipelining; local batch 4."""
+    return _train(tmp_path_factory.mktemp("single"), 1)[0]
+
+
+@pytest.fixture(scope="module")
+def single_batch_8(tmp_path_factory):
+    """One process, global batch 8 as two accumulated local batches of 4."""
+    return _train(tmp_path_factory.mktemp("single8"), 1, "--training.global_batch_size", "8")[0]
+
+
+@pytest.mark.slow
+def test_every_schedule_gives_the_unsplit_gradients(tmp_path):
+    cmd = [*_torchrun(2), str(ROOT / "tests" / "pp_worker.py")]
+    out = subprocess.run(
+        cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = re.findall(r"RESULT (\S+) (\S+) (\S+) (\S+)", out.stdout)
+    assert [r[0] for r in results] == list(pipeline_llama.SCHEDULES), out.stdout
+    for schedule, loss, ref_loss, grad_err in results:
+        assert float(loss) == pytest.approx(float(ref_loss), abs=1e-6), schedule
+        assert float(grad_err) < 1e-6, (schedule, grad_err)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "schedule, microbatch_size, stage_log",
+    [
+        ("GPipe", 2, "stage 1 (pp rank 1): layers 3-5 + norm + output"),
+        ("1F1B", 1, "stage 0 (pp rank 0): tok_embeddings + layers 0-2"),
+        ("Interleaved1F1B", 1, "stage 2 (pp rank 0): layer 4; stage 3 (pp rank 1): layer 5"),
+        ("ZBVZeroBubble", 1, "stage 2 (pp rank 1): layer 4; stage 3 (pp rank 0): layer 5"),
+    ],
+    ids=["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"],
+)
+def test_train_py_pipelined_losses_match_one_process(
+    tmp_path, single, schedule, microbatch_size, stage_log
+):
+    steps, stdout = _train(
+        tmp_path,
+        2,
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--parallelism.pipeline_parallel_schedule",
+        schedule,
+        "--parallelism.pipeline_parallel_microbatch_size",
+        str(microbatch_size),
+    )
+    assert "world_size=2 dp_replicate=1 dp_shard=1 cp=1 tp=1 pp=2" in stdout
+    assert f"Pipeline schedule {schedule}:" in stdout and stage_log in stdout
+    _assert_same_run(steps, single)
+
+
+@pytest.mark.slow
+def test_train_py_pipeline_with_gradient_accumulation(tmp_path, single_batch_8):
+    steps, stdout = _train(
+        tmp_path,
+        2,
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--training.global_batch_size",
+        "8",
+    )
+    assert "local 4 x dp 1 x 2 accumulation steps" in stdout
+    _assert_same_run(steps, single_batch_8)
+
+
+@pytest.mark.slow
+def test_train_py_pipeline_with_fsdp_in_four_processes(tmp_path, single_batch_8):
+    steps, stdout = _train(tmp_path, 4, "--parallelism.pipeline_parallel_degree", "2")
+    assert "world_size=4 dp_replicate=1 dp_shard=2 cp=1 tp=1 pp=2" in stdout
+    assert "Applied FSDP" in stdout
+    _assert_same_run(steps, single_batch_8)
