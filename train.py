@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from torchtitan import float8, utils
 from torchtitan.config_manager import JobConfig, help_text, parse_args
-from torchtitan.errors import TorchTitanError
+from torchtitan.errors import ConfigError, TorchTitanError
 from torchtitan.float8 import apply_converters
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, tb_run_dir
@@ -78,7 +78,7 @@ def train(job_config: JobConfig) -> None:
         f"{flops_per_token:,} training FLOPs per token (seq_len {t.seq_len}), vocab {model_args.vocab_size}"
     )
     apply_converters(model, job_config)  # e.g. float8 linears, before any sharding
-    parts = _split_into_stages(model, plan.pipeline, mesh)  # {stage index: module}
+    parts = _split_into_stages(model, plan.pipeline, mesh, spec)  # {stage index: module}
     for stage, part in parts.items():
         parts[stage] = spec.parallelize_fn(part, mesh, dims, job_config, utils.device_type)
         _materialize(parts[stage], device, seed)
@@ -140,12 +140,17 @@ def train(job_config: JobConfig) -> None:
     logger.info("Training finished")
 
 
-def _split_into_stages(model, pipeline_plan, mesh) -> dict:
+def _split_into_stages(model, pipeline_plan, mesh, spec) -> dict:
     """This rank's pipeline stages by index (the layout is logged), or ``{0: model}``."""
     if pipeline_plan is None:
         return {0: model}
+    if spec.pipelining_fn is None:
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_degree: model '{spec.name}' has no pipelining "
+            "function in its train spec; use 1"
+        )
     logger.info(pipeline_plan.describe())
-    return pipeline_llama.split_model(model, pipeline_plan, mesh["pp"].get_local_rank())
+    return spec.pipelining_fn(model, pipeline_plan, mesh["pp"].get_local_rank())
 
 
 def _log_local_share(model_parts: list[torch.nn.Module], nparams_total: int) -> None:

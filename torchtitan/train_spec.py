@@ -28,6 +28,7 @@ class TrainSpec:
     build_optimizer_fn: Callable[..., Any]
     build_lr_scheduler_fn: Callable[..., Any]
     nparams_and_flops_fn: Callable[..., tuple[int, int]]
+    # (meta model, PipelinePlan, pp rank) -> {stage index: stage module}; None: no pipelining
     pipelining_fn: Callable[..., Any] | None = None
 
 

@@ -12,6 +12,7 @@ from torchtitan.models.llama.flavors import llama2_configs, llama3_configs
 from torchtitan.models.llama.model import ModelArgs, Transformer, get_nparams_and_flops
 from torchtitan.optimizer import build_optimizer
 from torchtitan.parallelisms.parallelize_llama import parallelize_llama
+from torchtitan.parallelisms.pipeline_llama import split_model
 from torchtitan.train_spec import TrainSpec, register_train_spec
 
 __all__ = ["ModelArgs", "Transformer", "cross_entropy_loss"]
@@ -35,5 +36,6 @@ for _name, _flavors in (("llama2", llama2_configs), ("llama3", llama3_configs)):
             build_optimizer_fn=build_optimizer,
             build_lr_scheduler_fn=build_lr_scheduler,
             nparams_and_flops_fn=get_nparams_and_flops,
+            pipelining_fn=split_model,
         )
     )
