@@ -134,7 +134,7 @@ def train(job_config: JobConfig) -> None:
         float8.after_optimizer_step(model_parts, job_config)
         lr = lr_scheduler.get_last_lr()[0]
         lr_scheduler.step()
-        if metrics.should_log(step):
+        if metrics.should_log(step) or step == t.steps:  # the last step is always logged
             metrics.log(step, _dp_mean(loss_sum, dp_mesh), float(grad_norm), lr)
     metrics.close()
     logger.info("Training finished")

@@ -196,3 +196,10 @@ def test_llama2_with_sentencepiece_tokenizer_trains(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Model llama2 debugmodel" in out.stdout and "vocab 2000" in out.stdout
     assert len(_step_lines(out.stdout)) == 3
+
+
+@pytest.mark.slow
+def test_step_one_every_log_freq_and_the_last_step_are_logged(tmp_path):
+    out = _train_py(tmp_path, "--training.steps", "7", "--metrics.log_freq", "5")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(console_losses(out.stdout)) == [1, 5, 7]

@@ -9,6 +9,7 @@ activation checkpointing is not counted. On CPU there is no meaningful peak, so 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,8 @@ from torchtitan.utils import device_memory, device_type, reset_peak_memory
 # Peak dense (no sparsity) bf16 tensor-core FLOP/s, from the vendors' datasheets: NVIDIA A100
 # (312 TF), A10 (125 TF), L4 (121 TF), L40S (362 TF), H100 SXM (989 TF), H100 PCIe (756 TF),
 # H100 NVL (835 TF), H200 (989 TF), B200 (2250 TF); AMD Instinct MI300X (1307 TF).
-# Listed most specific name first: the first substring found in the device name wins.
+# Listed most specific name first: the first name found in the device name as a whole word wins
+# (so "NVIDIA L40" is not taken for an L4: unknown devices get no MFU rather than a wrong one).
 PEAK_BF16_FLOPS: list[tuple[str, float]] = [
     ("H100 PCIe", 756e12),
     ("H100 NVL", 835e12),
@@ -41,7 +43,7 @@ PEAK_BF16_FLOPS: list[tuple[str, float]] = [
 def peak_flops(device_name: str) -> float | None:
     """Peak dense bf16 FLOP/s for a device name, or None when unknown (MFU is then not reported)."""
     for key, value in PEAK_BF16_FLOPS:
-        if key in device_name:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", device_name):
             return value
     return None
 
