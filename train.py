@@ -233,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     init_logger()
     try:
         train(parse_args(argv))
+        if dist.is_initialized():
+            # Leave together: a rank that tears down its gloo connections while a peer is still
+            # finishing can make that peer abort (SIGABRT) after a successful run.
+            dist.barrier()
     except TorchTitanError as e:
         _report_user_error(e)
         return e.exit_code
