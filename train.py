@@ -83,7 +83,7 @@ def train(job_config: JobConfig) -> None:
         parts[stage] = spec.parallelize_fn(part, mesh, dims, job_config, utils.device_type)
         _materialize(parts[stage], device, seed)
     model_parts = list(parts.values())
-    _log_local_share(model_parts, nparams_total=sum(p.numel() for p in model.parameters()))
+    _log_local_share(model_parts, nparams_total=nparams)
     pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
     pipeline = None  # without pipelining, forward and backward are plain calls
     if plan.pipeline is not None:
@@ -112,6 +112,7 @@ def train(job_config: JobConfig) -> None:
 
     # ---- the training loop
     data_iter = iter(dataloader)
+    params = [p for m in model_parts for p in m.parameters()]
     for step in range(1, t.steps + 1):
         gc_handler.run(step)
         optimizer.zero_grad()
@@ -125,10 +126,15 @@ def train(job_config: JobConfig) -> None:
             inputs, labels = inputs.to(device), labels.to(device)
             with loss_context(dims, job_config):
                 loss = _forward_backward(
-                    model_parts[0], pipeline, spec.loss_fn, inputs, labels, autocast, plan
+                    model_parts[0],
+                    pipeline,
+                    spec.loss_fn,
+                    inputs,
+                    labels,
+                    autocast,
+                    plan.grad_accum_steps,
                 )
-            loss_sum += _local(loss.detach())
-        params = [p for m in model_parts for p in m.parameters()]
+            loss_sum += utils.full_tensor(loss.detach())  # a vocab-parallel loss is a DTensor
         grad_norm = utils.clip_grad_norm_(params, t.max_norm, pp_group=pp_group)
         optimizer.step()
         float8.after_optimizer_step(model_parts, job_config)
@@ -173,7 +179,9 @@ def _materialize(part: torch.nn.Module, device: torch.device, seed: int) -> None
     part.train()
 
 
-def _forward_backward(model, pipeline, loss_fn, inputs, labels, autocast, plan) -> torch.Tensor:
+def _forward_backward(
+    model, pipeline, loss_fn, inputs, labels, autocast, grad_accum_steps: int
+) -> torch.Tensor:
     """Forward and backward of one local batch; its loss divided by the accumulation steps.
 
     With pipeline parallelism the schedule runs both, micro-batch by micro-batch, and every
@@ -183,7 +191,7 @@ def _forward_backward(model, pipeline, loss_fn, inputs, labels, autocast, plan) 
         with autocast:
             return pipeline.forward_backward(inputs, labels)
     with autocast:
-        loss = loss_fn(model(inputs), labels) / plan.grad_accum_steps
+        loss = loss_fn(model(inputs), labels) / grad_accum_steps
     loss.backward()
     return loss
 
@@ -194,11 +202,6 @@ def _autocast(job_config: JobConfig, dims) -> contextlib.AbstractContextManager:
     if utils.device_type == "cuda" and dtype != torch.float32 and not dims.dp_shard_enabled:
         return torch.autocast("cuda", dtype=dtype)
     return contextlib.nullcontext()
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A plain tensor (a vocab-parallel loss is a replicated DTensor)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _dp_mean(value: torch.Tensor, dp_mesh) -> float:

@@ -34,12 +34,17 @@ def console_losses(stdout: str) -> dict[int, float]:
     return {int(s): float(v) for s, v in STEP_RE.findall(stdout)}
 
 
-def tensorboard_scalars(dump_folder: Path, tag: str = "loss") -> dict[int, float]:
-    """``{step: value}`` of one scalar from the only TensorBoard run under ``dump_folder/tb``."""
+def tensorboard_run(dump_folder: Path):
+    """The loaded ``EventAccumulator`` of the only TensorBoard run under ``dump_folder/tb``."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     runs = list((dump_folder / "tb").iterdir())
     assert len(runs) == 1, runs
     acc = EventAccumulator(str(runs[0]))
     acc.Reload()
-    return {e.step: e.value for e in acc.Scalars(tag)}
+    return acc
+
+
+def tensorboard_scalars(dump_folder: Path, tag: str = "loss") -> dict[int, float]:
+    """``{step: value}`` of one scalar from the only TensorBoard run under ``dump_folder/tb``."""
+    return {e.step: e.value for e in tensorboard_run(dump_folder).Scalars(tag)}

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher import ROOT, console_losses, launch
+from launcher import ROOT, console_losses, launch, tensorboard_run
 
 
 @pytest.mark.slow
@@ -23,12 +23,7 @@ def test_default_debug_run_loss_falls_and_writes_tensorboard(tmp_path):
     assert first - last > 1.0, losses
     assert "mfu: n/a" in out.stdout and "tps:" in out.stdout
 
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    runs = list((tmp_path / "out" / "tb").iterdir())
-    assert len(runs) == 1
-    acc = EventAccumulator(str(runs[0]))
-    acc.Reload()
+    acc = tensorboard_run(tmp_path / "out")
     tags = set(acc.Tags()["scalars"])
     assert {"loss", "lr", "grad_norm", "throughput/tps", "memory/peak_active_gib"} <= tags
     tb_losses = {e.step: e.value for e in acc.Scalars("loss")}

@@ -67,10 +67,6 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
             raise ConfigError(
                 f"{key}: {dims.tp} does not divide the model's {what} ({n}); use a divisor of it"
             )
-    if dims.pp > args.n_layers:
-        raise ConfigError(
-            f"parallelism.pipeline_parallel_degree: {dims.pp} exceeds the model's {args.n_layers} layers"
-        )
 
 
 def _check_device_features(job_config: JobConfig, device_type: str) -> None:

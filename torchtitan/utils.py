@@ -109,6 +109,11 @@ def _rss_gib() -> float:
         return float("nan")
 
 
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: a DTensor (sharded, replicated or partial) gathered whole, else ``t``."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def clip_grad_norm_(
     params: list[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
@@ -118,9 +123,7 @@ def clip_grad_norm_(
     parallelism each rank holds other parameters, so squared norms are summed over ``pp_group``.
     """
     grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if hasattr(total, "full_tensor"):
-        total = total.full_tensor()
+    total = full_tensor(torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True))
     if pp_group is not None:
         squared = total**2
         dist.all_reduce(squared, group=pp_group)

@@ -490,9 +490,7 @@ class _ShardReader:
         self.windows = state["windows"]
         self.buffer = list(state["buffer"])
         self._texts_iter = None
-        self._pending_hf_state = state["hf_state"] if self.streaming else None
-        if not self.streaming or self.row == 0:
-            self._pending_hf_state = None
+        self._pending_hf_state = state["hf_state"] if self.streaming and self.row > 0 else None
 
 
 class HFDataLoader:
@@ -655,13 +653,14 @@ def build_hf_dataloader(
         raise ConfigError(f"training.seq_len: {seq_len} must be >= 1")
     if not 0 <= dp_rank < dp_world_size:
         raise ValueError(f"dp_rank {dp_rank} must be in [0, dp_world_size={dp_world_size})")
+    virtual_shards = global_batch_size or local_batch_size * dp_world_size
     source = load_source(
         dataset=dataset,
         dataset_path=dataset_path,
         split=split,
         text_field=text_field,
         streaming=streaming,
-        num_shards=global_batch_size or local_batch_size * dp_world_size,
+        num_shards=virtual_shards,
     )
     loader = HFDataLoader(
         source,
@@ -670,7 +669,7 @@ def build_hf_dataloader(
         seq_len=seq_len,
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
-        global_batch_size=global_batch_size,
+        global_batch_size=virtual_shards,
         infinite=infinite,
     )
     kind = "streamed" if loader.streaming else f"{loader.num_rows:,} rows on this rank"

@@ -14,6 +14,7 @@ import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from torchtitan.errors import ConfigError
 
@@ -74,35 +75,45 @@ def llama3_special_tokens(num_special_tokens: int = NUM_SPECIAL_TOKENS) -> list[
 
 
 class Tokenizer(ABC):
-    """Text <-> token ids. ``n_words`` is the vocabulary size the model's embedding needs."""
+    """Text <-> token ids. ``n_words`` is the vocabulary size the model's embedding needs.
+
+    Subclasses set ``_model`` (whose ``decode`` takes a list of ints), ``_n_words``, ``_bos_id``,
+    ``_eos_id`` and ``_pad_id`` (-1 when the tokenizer has none), and implement ``encode``.
+    """
+
+    _model: Any
+    _n_words: int
+    _bos_id: int
+    _eos_id: int
+    _pad_id: int
 
     @abstractmethod
     def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
         """Token ids of ``text``, with ``bos_id`` prepended and/or ``eos_id`` appended if asked."""
 
-    @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``."""
+        return self._model.decode([int(i) for i in ids])
 
     @property
-    @abstractmethod
     def n_words(self) -> int:
         """Vocabulary size, special tokens included."""
+        return self._n_words
 
     @property
-    @abstractmethod
     def bos_id(self) -> int:
         """Id of the beginning-of-sequence token."""
+        return self._bos_id
 
     @property
-    @abstractmethod
     def eos_id(self) -> int:
         """Id of the end-of-sequence token."""
+        return self._eos_id
 
     @property
-    @abstractmethod
     def pad_id(self) -> int:
         """Id of the padding token, -1 if the tokenizer has none."""
+        return self._pad_id
 
     def __repr__(self) -> str:
         return (
@@ -168,22 +179,7 @@ class TikTokenizer(Tokenizer):
         self._n_words = self._model.n_vocab
         self._bos_id = self._special_tokens["<|begin_of_text|>"]
         self._eos_id = self._special_tokens["<|end_of_text|>"]
-
-    @property
-    def n_words(self) -> int:
-        return self._n_words
-
-    @property
-    def bos_id(self) -> int:
-        return self._bos_id
-
-    @property
-    def eos_id(self) -> int:
-        return self._eos_id
-
-    @property
-    def pad_id(self) -> int:
-        return -1
+        self._pad_id = -1
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -197,9 +193,6 @@ class TikTokenizer(Tokenizer):
         if eos:
             ids.append(self._eos_id)
         return ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._model.decode([int(i) for i in ids])
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -215,31 +208,12 @@ class SentencePieceTokenizer(Tokenizer):
         self._eos_id = self._model.eos_id()
         self._pad_id = self._model.pad_id()
 
-    @property
-    def n_words(self) -> int:
-        return self._n_words
-
-    @property
-    def bos_id(self) -> int:
-        return self._bos_id
-
-    @property
-    def eos_id(self) -> int:
-        return self._eos_id
-
-    @property
-    def pad_id(self) -> int:
-        return self._pad_id
-
     def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
         ids: list[int] = [self._bos_id] if bos else []
         ids.extend(self._model.encode(text, out_type=int))
         if eos:
             ids.append(self._eos_id)
         return ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._model.decode([int(i) for i in ids])
 
 
 _BPE_LINE_RE = re.compile(rb"[A-Za-z0-9+/]+={0,2} \d+")

@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torchtitan.errors import ConfigError
+from torchtitan.utils import full_tensor
 
 __all__ = [
     "SCHEDULES",
@@ -255,11 +256,6 @@ def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> dict[int,
     return parts
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A plain tensor (a vocab-parallel loss is a replicated DTensor)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 class Pipeline:
     """The schedule over this rank's materialized stage modules (``parts``, keyed by stage)."""
 
@@ -316,7 +312,7 @@ class Pipeline:
             return_outputs=False,
         )
         if self.has_last:
-            loss = torch.stack([_local(x.detach()).float() for x in losses]).sum()
+            loss = torch.stack([full_tensor(x.detach()).float() for x in losses]).sum()
         else:
             loss = torch.zeros((), device=self.device)
         dist.broadcast(loss, group=self.group, group_src=self.last_rank)
