@@ -22,6 +22,7 @@ from torchtitan.float8 import apply_converters
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, tb_run_dir
 from torchtitan.parallelisms import pipeline_llama
+from torchtitan.parallelisms.context_parallel import shard_sequence
 from torchtitan.parallelisms.init import layout_invariant_init
 from torchtitan.parallelisms.parallelize_llama import loss_context, param_dtype
 from torchtitan.preflight import check
@@ -44,6 +45,8 @@ def train(job_config: JobConfig) -> None:
     mesh = dims.build_mesh(utils.device_type) if world_size > 1 else None
     dp_mesh = dims.dp_mesh(mesh)
     dp_rank = dp_mesh.get_local_rank() if dp_mesh is not None else 0
+    cp_rank = mesh["cp"].get_local_rank() if dims.cp > 1 else 0
+    loss_mesh = dims.loss_mesh(mesh)  # the ranks holding different tokens of a step
     seed = utils.resolve_seed(job_config.debug.seed, device)
     utils.set_determinism(seed, job_config.debug.deterministic)
     logger.info(f"Seed {seed}, deterministic={job_config.debug.deterministic}")
@@ -124,6 +127,8 @@ def train(job_config: JobConfig) -> None:
             # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch
             metrics.ntokens_since_last_log += labels.numel() // dims.non_data_parallel_size
             inputs, labels = inputs.to(device), labels.to(device)
+            if dims.cp > 1:  # this rank's chunks of every sequence
+                inputs, labels = (shard_sequence(x, dims.cp, cp_rank) for x in (inputs, labels))
             with loss_context(dims, job_config):
                 loss = _forward_backward(
                     model_parts[0],
@@ -141,7 +146,7 @@ def train(job_config: JobConfig) -> None:
         lr = lr_scheduler.get_last_lr()[0]
         lr_scheduler.step()
         if metrics.should_log(step) or step == t.steps:  # the last step is always logged
-            metrics.log(step, _dp_mean(loss_sum, dp_mesh), float(grad_norm), lr)
+            metrics.log(step, _mean_over(loss_sum, loss_mesh), float(grad_norm), lr)
     metrics.close()
     logger.info("Training finished")
 
@@ -199,15 +204,15 @@ def _forward_backward(
 def _autocast(job_config: JobConfig, dims) -> contextlib.AbstractContextManager:
     """Without FSDP (whose policy casts parameters), mixed precision on GPU comes from autocast."""
     dtype = param_dtype(job_config, utils.device_type)
-    if utils.device_type == "cuda" and dtype != torch.float32 and not dims.dp_shard_enabled:
+    if utils.device_type == "cuda" and dtype != torch.float32 and not dims.fsdp_enabled:
         return torch.autocast("cuda", dtype=dtype)
     return contextlib.nullcontext()
 
 
-def _dp_mean(value: torch.Tensor, dp_mesh) -> float:
-    if dp_mesh is not None and dp_mesh.size() > 1:
+def _mean_over(value: torch.Tensor, mesh) -> float:
+    if mesh is not None and mesh.size() > 1:
         value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.AVG, group=dp_mesh.get_group())
+        dist.all_reduce(value, op=dist.ReduceOp.AVG, group=mesh.get_group())
     return float(value)
 
 

@@ -3,7 +3,8 @@
 Each layout runs the debug model for 8 steps through ``./run_llama_train.sh`` (real processes,
 gloo on CPU) with a fixed seed, deterministic mode and a global batch of 8 sequences, and its
 per-step losses (read at full precision from TensorBoard) must match the single-process run's:
-step 1 within 1e-4, every step within 2e-3. Parameters are initialized from (seed, name) whatever
+step 1 and every later step within 1e-4 (the issue's bar is 2e-3 after step 1; layouts measure
+under 2e-6). Parameters are initialized from (seed, name) whatever
 their sharding and the data order depends only on (dataset, step), so any difference left is
 floating-point summation order.
 """
@@ -55,6 +56,23 @@ LAYOUTS = {
                     "--parallelism.tensor_parallel_degree", "2",
                     "--parallelism.pipeline_parallel_microbatch_size", "2",
                     "--training.local_batch_size", "8"]),
+    "cp2": (2, ["--parallelism.context_parallel_degree", "2", "--training.local_batch_size", "8"]),
+    "fsdp2_cp2_ac_op": (4, ["--parallelism.context_parallel_degree", "2",
+                            "--activation_checkpoint.mode", "selective",
+                            "--activation_checkpoint.selective_ac_option", "op",
+                            "--training.local_batch_size", "4"]),
+    "ddp2_cp2": (4, ["--parallelism.data_parallel_replicate_degree", "2",
+                     "--parallelism.context_parallel_degree", "2",
+                     "--training.local_batch_size", "4"]),
+    "pp2_cp2": (4, ["--parallelism.pipeline_parallel_degree", "2",
+                    "--parallelism.context_parallel_degree", "2",
+                    "--parallelism.pipeline_parallel_microbatch_size", "2",
+                    "--training.local_batch_size", "8"]),
+    # also guards TP x compile: before the embedding output was materialized for compiled
+    # blocks, FSDP x TP x compile lost the embedding gradient (steps 2+ off by up to 2.6e-3)
+    "cp2_tp2_compile": (4, ["--parallelism.context_parallel_degree", "2",
+                            "--parallelism.tensor_parallel_degree", "2", "--compile.enable",
+                            "--training.local_batch_size", "8"]),
     "ac_full": (1, ["--activation_checkpoint.mode", "full", "--training.local_batch_size", "8"]),
     "ac_op": (1, ["--activation_checkpoint.mode", "selective",
                   "--activation_checkpoint.selective_ac_option", "op",
@@ -91,7 +109,8 @@ def test_layout_matches_one_process(tmp_path, baseline, layout):
     print(f"\n{layout}: step 1 {losses[1]:.6f} vs {baseline[1]:.6f}; max |diff| {worst:.2e}")
     assert losses[1] == pytest.approx(baseline[1], abs=1e-4), (losses, baseline)
     for step in range(1, STEPS + 1):
-        assert losses[step] == pytest.approx(baseline[step], abs=2e-3), (step, losses, baseline)
+        # The issue asks for 2e-3; layouts measure under 2e-6, so 1e-4 catches real bugs sooner.
+        assert losses[step] == pytest.approx(baseline[step], abs=1e-4), (step, losses, baseline)
     if layout.startswith("fsdp2"):
         # Each rank holds about half of the parameters (a TP rank's share of them, halved again).
         m = re.search(r"Parameters on this rank: ([\d,]+) of ([\d,]+)", stdout)

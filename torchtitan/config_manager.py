@@ -171,7 +171,9 @@ class Parallelism:
     )
     tensor_parallel_degree: int = opt(1, "Tensor (and sequence) parallel degree", ge=1)
     pipeline_parallel_degree: int = opt(1, "Pipeline parallel degree", ge=1)
-    context_parallel_degree: int = opt(1, "Context parallel degree (GPU only)", ge=1)
+    context_parallel_degree: int = opt(
+        1, "Context parallel degree: ranks that split each sequence (all-gather attention)", ge=1
+    )
     disable_loss_parallel: bool = opt(
         False, "Gather logits before the loss instead of a vocab-parallel loss"
     )

@@ -48,6 +48,7 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
     spec = get_train_spec(job_config.model.name)
     model_args = get_model_args(job_config.model.name, job_config.model.flavor)
     _check_model_fits_layout(dims, model_args)
+    _check_sequence_split(dims, t.seq_len)
     pipeline = check_pipeline_config(job_config, model_args, dims) if dims.pp > 1 else None
     per_step = t.local_batch_size * dims.dp
     global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
@@ -69,10 +70,26 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
             )
 
 
+def _check_sequence_split(dims: ParallelDims, seq_len: int) -> None:
+    """Context parallel cuts each sequence into 2 x cp chunks; sequence parallel then splits a
+    rank's part over the TP ranks."""
+    if dims.cp > 1 and seq_len % (2 * dims.cp):
+        raise ConfigError(
+            f"training.seq_len: {seq_len} must be divisible by 2 x "
+            f"parallelism.context_parallel_degree = {2 * dims.cp} (each rank holds two chunks)"
+        )
+    if dims.tp > 1 and (seq_len // dims.cp) % dims.tp:
+        raise ConfigError(
+            f"training.seq_len: {seq_len} / context_parallel_degree {dims.cp} = "
+            f"{seq_len // dims.cp} tokens per rank must be divisible by "
+            f"parallelism.tensor_parallel_degree = {dims.tp} (sequence parallel splits them)"
+        )
+
+
 def _check_device_features(job_config: JobConfig, device_type: str) -> None:
     """Features that need CUDA GPUs fail here, on a CPU machine, with the key that asked for them."""
     p = job_config.parallelism
-    tp, cp = p.tensor_parallel_degree, p.context_parallel_degree
+    tp = p.tensor_parallel_degree
     check_converters(job_config, device_type, tp)
     if job_config.parallelism.enable_async_tensor_parallel:
         key = "parallelism.enable_async_tensor_parallel"
@@ -85,11 +102,6 @@ def _check_device_features(job_config: JobConfig, device_type: str) -> None:
                 f"{key}: needs parallelism.tensor_parallel_degree > 1 and compile.enable = true "
                 f"(got tp={tp}, compile.enable={job_config.compile.enable})"
             )
-    if cp > 1 and device_type != "cuda":
-        raise ConfigError(
-            f"parallelism.context_parallel_degree: {cp} needs CUDA GPUs (ring attention runs "
-            "on the flash / memory-efficient SDPA kernels); use 1 on CPU"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torchtitan.errors import ConfigError
 
 # Degrees this release can run; the others are declared in the config and rejected clearly.
-SUPPORTED_NOW = ("dp_replicate", "dp_shard", "tp", "pp")
+SUPPORTED_NOW = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 _KEYS = {
     "dp_replicate": "parallelism.data_parallel_replicate_degree",
@@ -93,23 +93,51 @@ class ParallelDims:
             dims = [("dp_shard", 1)]
         names = tuple(n for n, _ in dims)
         mesh = init_device_mesh(device_type, tuple(d for _, d in dims), mesh_dim_names=names)
-        dp_names = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
-        if len(dp_names) > 1:
-            mesh[dp_names]._flatten(mesh_dim_name="dp")
-        # Parameters sharded over several dims (FSDP x TP, HSDP x TP) reduce their grad norm over
-        # all of them: one flattened dim lets DTensor do that in one all-reduce instead of several.
-        sharded = tuple(n for n in names if n != "pp")
-        if len(sharded) > 1 and sharded != dp_names:
-            mesh[sharded]._flatten(mesh_dim_name="_".join(sharded))
+        self._flat_names: dict[tuple[str, ...], str] = {}
+        # the data loader's ranks; FSDP's shard dim (context-parallel ranks shard parameters
+        # too); the ranks whose losses are averaged for logging
+        for group, name in (
+            (("dp_replicate", "dp_shard"), "dp"),
+            (("dp_shard", "cp"), "dp_shard_cp"),
+            (("dp_replicate", "dp_shard", "cp"), "dp_cp"),
+            # Parameters sharded over several dims (FSDP x TP, HSDP x TP) reduce their grad norm
+            # over all of them: one flattened dim lets DTensor do that in one all-reduce.
+            (tuple(n for n in names if n != "pp"), "sharded"),
+        ):
+            group = tuple(n for n in group if n in names)
+            if len(group) > 1 and group not in self._flat_names:  # one name per group
+                mesh[group]._flatten(mesh_dim_name=name)
+                self._flat_names[group] = name
         return mesh
 
-    def dp_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
-        """The (flattened) data-parallel sub-mesh the data loader shards over, or None."""
-        if mesh is None or not self.dp_enabled:
+    def _submesh(self, mesh: DeviceMesh | None, group: tuple[str, ...]) -> DeviceMesh | None:
+        """The (flattened) sub-mesh over the enabled dims of ``group``; None if there are none."""
+        group = tuple(n for n in group if getattr(self, n) > 1)
+        if mesh is None or not group:
             return None
-        if self.dp_replicate_enabled and self.dp_shard_enabled:
-            return mesh["dp"]
-        return mesh["dp_replicate" if self.dp_replicate_enabled else "dp_shard"]
+        return mesh[group[0] if len(group) == 1 else self._flat_names[group]]
+
+    def dp_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
+        """The data-parallel sub-mesh the data loader shards over, or None."""
+        return self._submesh(mesh, ("dp_replicate", "dp_shard"))
+
+    def loss_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
+        """The ranks that hold different tokens of a step (data and context parallel), whose
+        losses average to the step's loss; None when this rank holds them all."""
+        return self._submesh(mesh, ("dp_replicate", "dp_shard", "cp"))
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """FSDP (or HSDP) shards parameters over ``dp_shard x cp``: the context-parallel ranks
+        of a replica hold different tokens, so their gradients are averaged like data parallel."""
+        return self.dp_shard > 1 or self.cp > 1
+
+    def fsdp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
+        """FSDP's mesh: the shard dim, with ``dp_replicate`` in front for HSDP."""
+        shard = self._submesh(mesh, ("dp_shard", "cp"))
+        if not self.dp_replicate_enabled:
+            return shard
+        return mesh[("dp_replicate", shard.mesh_dim_names[0])]
 
     @cached_property
     def non_data_parallel_size(self) -> int:

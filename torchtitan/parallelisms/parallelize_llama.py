@@ -1,18 +1,21 @@
 """Apply parallelisms to a Llama Transformer (or a pipeline stage of one) without touching its math.
 
 Order, each step optional: tensor parallel (with sequence parallel on the norms and, unless
-``parallelism.disable_loss_parallel``, a vocab-parallel loss) -> activation checkpointing ->
+``parallelism.disable_loss_parallel``, a vocab-parallel loss) -> context parallel (attention
+over the sequence split across ranks) -> activation checkpointing ->
 ``torch.compile`` per transformer block -> FSDP2 ``fully_shard`` per block and at the root
-(HSDP over a 2-D mesh when both data-parallel degrees exceed 1), or composable DDP when only
-``dp_replicate > 1``. Model code is never edited: only modules are wrapped or sharded.
+(over ``dp_shard x cp``; HSDP over a 2-D mesh when ``dp_replicate`` is also > 1), or composable
+DDP when only ``dp_replicate > 1``. Model code is never edited: only modules are wrapped or sharded.
 """
 
 from __future__ import annotations
 
 import contextlib
 from functools import partial
+from typing import Any
 
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -29,6 +32,7 @@ from torch.distributed.tensor.parallel import (
 from torchtitan.config_manager import JobConfig
 from torchtitan.errors import ConfigError
 from torchtitan.log import logger
+from torchtitan.parallelisms.context_parallel import apply_cp
 from torchtitan.parallelisms.parallel_dims import ParallelDims
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -63,9 +67,15 @@ def parallelize_llama(
             mesh["tp"],
             loss_parallel=uses_loss_parallel(dims, job_config),
             async_tp=job_config.parallelism.enable_async_tensor_parallel,
+            compiled_blocks=job_config.compile.enable,
         )
         logger.info(
             f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config)}"
+        )
+    if dims.cp > 1:
+        apply_cp(model, mesh["cp"])
+        logger.info(
+            f"Applied context parallel (cp={dims.cp}): all-gather attention, load-balanced chunks"
         )
     ac = job_config.activation_checkpoint
     if ac.mode != "none":
@@ -78,8 +88,7 @@ def parallelize_llama(
         for block in model.layers.values():
             block.compile(fullgraph=True)
         logger.info("Compiled each transformer block with torch.compile")
-    if dims.dp_shard_enabled:
-        names = ("dp_replicate", "dp_shard") if dims.dp_replicate_enabled else ("dp_shard",)
+    if dims.fsdp_enabled:
         reshard = job_config.parallelism.fsdp_reshard_after_forward
         if reshard == "default" and dims.pp > 1:
             # A pipeline stage runs forward once per micro-batch: keep its parameters gathered
@@ -87,7 +96,7 @@ def parallelize_llama(
             reshard = "never"
         apply_fsdp(
             model,
-            mesh[names],
+            dims.fsdp_mesh(mesh),
             param_dtype=param_dtype(job_config, device_type),
             reduce_dtype=DTYPES[job_config.training.mixed_precision_reduce],
             reshard_after_forward=reshard,
@@ -103,7 +112,12 @@ def parallelize_llama(
 
 
 def apply_tp(
-    model: nn.Module, tp_mesh: DeviceMesh, *, loss_parallel: bool, async_tp: bool = False
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    *,
+    loss_parallel: bool,
+    async_tp: bool = False,
+    compiled_blocks: bool = False,
 ) -> None:
     """Megatron-style TP: column-wise wq/wk/wv/w1/w3, row-wise wo/w2, sequence parallel norms.
 
@@ -133,6 +147,8 @@ def apply_tp(
         )
     if root_plan:
         parallelize_module(model, tp_mesh, root_plan)
+    if compiled_blocks and model.tok_embeddings is not None:
+        model.tok_embeddings.register_forward_hook(_materialize_async_output)
     for block in model.layers.values():
         parallelize_module(
             block,
@@ -155,6 +171,14 @@ def apply_tp(
                 "feed_forward.w3": ColwiseParallel(),
             },
         )
+
+
+def _materialize_async_output(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    """The embedding's reduce-scatter result arrives as an ``AsyncCollectiveTensor`` (it waits
+    lazily). Handed straight to a compiled block, its gradient comes back wrong: measured on
+    torch 2.13, the embedding gradient is lost under FSDP x TP and backward fails under TP alone.
+    A plain copy (the wait happens here) avoids it; a ``[B, T / tp, dim]`` copy once per step."""
+    return output.clone() if isinstance(output, funcol.AsyncCollectiveTensor) else output
 
 
 # ----------------------------------------------------------------------------- activation checkpointing

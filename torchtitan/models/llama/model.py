@@ -208,6 +208,23 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
+class CausalAttention(nn.Module):
+    """Causal scaled dot-product attention: queries ``[B, H, T, D]``, keys and values
+    ``[B, H_kv, T, D]`` -> ``[B, H, T, D]``.
+
+    Each kv head serves ``H / H_kv`` consecutive query heads (Meta's ``repeat_kv`` convention).
+    A module of its own so that a parallelism can put another implementation of the same math in
+    its place (context parallel swaps in one that gathers keys and values across ranks).
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n_rep = q.shape[1] // k.shape[1]
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=1)
+            v = v.repeat_interleave(n_rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Attention(nn.Module):
     """Causal grouped-query self-attention with rotary embeddings (no biases, no dropout).
 
@@ -220,12 +237,12 @@ class Attention(nn.Module):
         assert args.n_kv_heads is not None
         self.n_heads = args.n_heads
         self.n_kv_heads = args.n_kv_heads
-        self.n_rep = args.n_heads // args.n_kv_heads
         self.head_dim = args.head_dim
         self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.sdpa = CausalAttention()
 
     def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
         bsz, seq_len, _ = x.shape
@@ -234,15 +251,8 @@ class Attention(nn.Module):
         xv = self.wv(x).view(bsz, seq_len, -1, self.head_dim)
         xq, xk = apply_rotary_emb(xq, xk, rope_cache)
 
-        # Each kv head serves n_rep consecutive query heads (Meta's repeat_kv convention).
-        if self.n_rep > 1:
-            xk = xk.repeat_interleave(self.n_rep, dim=2)
-            xv = xv.repeat_interleave(self.n_rep, dim=2)
-
-        # [B, T, H, D] -> [B, H, T, D] for SDPA
-        out = F.scaled_dot_product_attention(
-            xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), is_causal=True
-        )
+        # [B, T, H, D] -> [B, H, T, D]
+        out = self.sdpa(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2))
         out = out.transpose(1, 2).reshape(bsz, seq_len, -1)
         return self.wo(out)
 

@@ -1,0 +1,104 @@
+"""Run by tests/test_context_parallel.py under torchrun: CPU processes over gloo, or with
+``--cuda`` one process per GPU over NCCL (one GPU is enough: a single rank still holds two
+chunks, so the merge of a causal and a full block runs on the GPU kernels).
+
+Every rank builds the same random queries, keys and values for whole sequences, keeps its
+context-parallel part of them, and runs the all-gather attention forward and backward. Rank 0
+compares the gathered outputs and gradients with float32 causal SDPA on the whole sequences,
+next to the error of plain SDPA in the case's dtype (the bar for 16-bit cases), one line each::
+
+    RESULT <case> <cp output err> <cp gradient err> <sdpa output err> <sdpa gradient err>
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from torchtitan.parallelisms.context_parallel import (
+    all_gather_attention,
+    shard_sequence,
+    unshard_sequence,
+)
+
+# (name, batch, query heads, kv heads, sequence length, head dim, dtype)
+CASES = [
+    ("mha", 2, 4, 4, 16, 8, torch.float32),
+    ("gqa", 1, 4, 2, 24, 16, torch.float32),
+    ("gqa_bf16", 2, 8, 2, 16, 8, torch.bfloat16),
+]
+CUDA_CASES = [  # flash (16-bit) and memory-efficient (float32) kernels, Llama-like head dim
+    ("cuda_bf16", 2, 8, 2, 256, 64, torch.bfloat16),
+    ("cuda_fp16", 1, 4, 4, 128, 64, torch.float16),
+    ("cuda_fp32", 1, 8, 2, 96, 64, torch.float32),
+]
+
+
+def reference(q, k, v):
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def gather(x: torch.Tensor, cp: int) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(cp)]
+    dist.all_gather(parts, x.contiguous())
+    return unshard_sequence(torch.stack(parts), cp, dim=2)
+
+
+def run_case(name, b, h, h_kv, t, d, dtype, device="cpu") -> None:
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, n, t, d, generator=g).to(device, dtype) for n in (h, h_kv, h_kv))
+    dout = torch.randn(b, h, t, d, generator=g).to(device, dtype)
+
+    exact, exact_grads = sdpa_with_grads(q.float(), k.float(), v.float(), dout.float())
+    plain, plain_grads = sdpa_with_grads(q, k, v, dout)
+
+    mine = [shard_sequence(x, cp, rank, dim=2).detach().requires_grad_() for x in (q, k, v)]
+    out = all_gather_attention(*mine, dist.group.WORLD)
+    out.backward(shard_sequence(dout, cp, rank, dim=2))
+    cp_out = gather(out.detach(), cp)
+    cp_grads = [gather(m.grad, cp) for m in mine]
+    if rank == 0:
+        errs = (
+            err(cp_out, exact),
+            max(err(a, b) for a, b in zip(cp_grads, exact_grads)),
+            err(plain, exact),
+            max(err(a, b) for a, b in zip(plain_grads, exact_grads)),
+        )
+        print(f"RESULT {name} " + " ".join(f"{e:.3e}" for e in errs), flush=True)
+
+
+def sdpa_with_grads(q, k, v, dout):
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = reference(*leaves)
+    out.backward(dout)
+    return out.detach(), [x.grad for x in leaves]
+
+
+def err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def main() -> None:
+    if "--cuda" in sys.argv:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+        for case in CUDA_CASES:
+            run_case(*case, device="cuda")
+    else:
+        dist.init_process_group("gloo")
+        for case in CASES:
+            run_case(*case)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Context parallel: every rank of a ``cp`` group holds a slice of each sequence.
+
+The approach of Llama 3 ("The Llama 3 Herd of Models", Dubey et al. 2024, section 3.3.2):
+
+* The sequence is cut into ``2 * cp`` chunks and rank ``r`` holds chunks ``r`` and
+  ``2 * cp - 1 - r``. Under a causal mask, later chunks attend to more keys; pairing an early
+  chunk with a late one gives every rank the same attention work.
+* Attention all-gathers keys and values over the group (small next to the queries with
+  grouped-query attention) and computes each local query chunk against its causal prefix: a full
+  block for the chunks before it and a causal block for itself, merged through their
+  log-sum-exp. Backward uses the same kernels with the merged output and log-sum-exp, and
+  reduce-scatters the key/value gradients back to the ranks that own those positions.
+* Everything else in the model works per position, so it only needs the rotary table of the
+  positions this rank holds, and the loss is the mean over this rank's tokens (every rank holds
+  as many, so the data-parallel gradient average over ``dp x cp`` gives the full-sequence mean).
+
+The kernels are the flash-attention ops that return the log-sum-exp: the CPU one, and on CUDA
+the flash (16-bit) or memory-efficient (float32) one; the same code runs over gloo and NCCL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+
+aten = torch.ops.aten
+
+
+# ----------------------------------------------------------------------------- sequence layout
+
+
+def chunk_ids(cp: int, cp_rank: int) -> tuple[int, int]:
+    """The two sequence chunks (of ``2 * cp``) that rank ``cp_rank`` holds, in order."""
+    return cp_rank, 2 * cp - 1 - cp_rank
+
+
+def shard_sequence(x: torch.Tensor, cp: int, cp_rank: int, dim: int = 1) -> torch.Tensor:
+    """This rank's part of ``x`` along ``dim``: its two chunks, concatenated."""
+    if x.shape[dim] % (2 * cp):
+        raise ValueError(
+            f"context parallel: sequence length {x.shape[dim]} is not divisible into 2 x cp = "
+            f"{2 * cp} chunks"
+        )
+    chunks = x.chunk(2 * cp, dim=dim)
+    return torch.cat([chunks[i] for i in chunk_ids(cp, cp_rank)], dim=dim)
+
+
+def unshard_sequence(parts: torch.Tensor, cp: int, dim: int = 1) -> torch.Tensor:
+    """Inverse of ``shard_sequence`` over all ranks: ``parts[r]`` is rank r's part (as an
+    all-gather stacks them); the result holds the whole sequence, in order, along ``dim``."""
+    by_chunk: dict[int, torch.Tensor] = {}
+    for rank in range(cp):
+        by_chunk.update(zip(chunk_ids(cp, rank), parts[rank].chunk(2, dim=dim)))
+    return torch.cat([by_chunk[i] for i in range(2 * cp)], dim=dim)
+
+
+def _reshard_sequence(x: torch.Tensor, cp: int, dim: int) -> torch.Tensor:
+    """Each rank's part of a full sequence, stacked in dimension 0 (the reduce-scatter input)."""
+    return torch.stack([shard_sequence(x, cp, r, dim=dim) for r in range(cp)])
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def _attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor, tuple[Any, ...]]:
+    """``(out, lse [B, H, Lq] float32, what backward needs)``; causal is top-left aligned."""
+    if q.device.type == "cpu":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+        return out, lse, ()
+    if q.dtype in (torch.float16, torch.bfloat16):
+        out, lse, *extra = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+        return out, lse, tuple(extra[:6])  # cum_seq_q/k, max_q/k, philox seed/offset
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, causal
+    )
+    # The memory-efficient kernel pads the log-sum-exp to a multiple of 32 positions.
+    return out, lse[..., : q.shape[2]], (lse.shape[-1], seed, offset)
+
+
+def _attention_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    extra: tuple[Any, ...],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if q.device.type == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, causal
+        )
+    if q.dtype in (torch.float16, torch.bfloat16):
+        cum_q, cum_k, max_q, max_k, seed, offset = extra
+        return aten._scaled_dot_product_flash_attention_backward(
+            dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset
+        )
+    padded, seed, offset = extra
+    lse = torch.nn.functional.pad(lse, (0, padded - lse.shape[-1]))
+    dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
+        dout, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal
+    )
+    return dq, dk, dv
+
+
+def _merge(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention over keys ``A + B`` from its parts over ``A`` and over ``B``."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    w_a = torch.exp(lse_a - lse).unsqueeze(-1)
+    w_b = torch.exp(lse_b - lse).unsqueeze(-1)
+    out = out_a.float() * w_a + out_b.float() * w_b
+    return out.to(out_a.dtype), lse
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _gather_sequence(x: torch.Tensor, group: str, cp: int) -> torch.Tensor:
+    """All ranks' parts of ``x [B, H, T/cp, D]``, in sequence order: ``[B, H, T, D]``."""
+    gathered = funcol.wait_tensor(funcol.all_gather_tensor(x.contiguous(), 0, group))
+    return unshard_sequence(gathered.unflatten(0, (cp, x.shape[0])), cp, dim=2)
+
+
+def _scatter_grad(grad: torch.Tensor, group: str, cp: int, dtype: torch.dtype) -> torch.Tensor:
+    """Sum the full-sequence gradient over ranks and keep this rank's part of it."""
+    parts = _reshard_sequence(grad, cp, dim=2).flatten(0, 1)  # [cp * B, H, T/cp, D]
+    mine = funcol.reduce_scatter_tensor(parts.contiguous(), "sum", 0, group)
+    return funcol.wait_tensor(mine).to(dtype)
+
+
+def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    return x.repeat_interleave(n_rep, dim=1) if n_rep > 1 else x
+
+
+class _AllGatherAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, group, cp, cp_rank):  # type: ignore[override]
+        k_all, v_all = _gather_sequence(k, group, cp), _gather_sequence(v, group, cp)
+        n_rep = q.shape[1] // k.shape[1]
+        keys, values = _repeat_heads(k_all, n_rep), _repeat_heads(v_all, n_rep)
+        c = q.shape[2] // 2  # chunk length
+        outs, lses, extras = [], [], []
+        for slot, chunk in enumerate(chunk_ids(cp, cp_rank)):
+            q_c = q[:, :, slot * c : (slot + 1) * c]
+            here = slice(chunk * c, (chunk + 1) * c)
+            out, lse, extra = _attention_forward(q_c, keys[:, :, here], values[:, :, here], True)
+            extras.append([extra])
+            if chunk > 0:  # the whole of every earlier chunk
+                before = slice(0, chunk * c)
+                o_p, l_p, e_p = _attention_forward(
+                    q_c, keys[:, :, before], values[:, :, before], False
+                )
+                out, lse = _merge(out, lse, o_p, l_p)
+                extras[-1].append(e_p)
+            outs.append(out)
+            lses.append(lse)
+        out = torch.cat(outs, dim=2)
+        ctx.save_for_backward(q, k_all, v_all, out, torch.cat(lses, dim=2))
+        ctx.extras, ctx.group, ctx.cp, ctx.cp_rank = extras, group, cp, cp_rank
+        ctx.k_dtype = k.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        q, k_all, v_all, out, lse = ctx.saved_tensors
+        n_rep = q.shape[1] // k_all.shape[1]
+        keys, values = _repeat_heads(k_all, n_rep), _repeat_heads(v_all, n_rep)
+        dq = torch.empty_like(q)
+        dk = torch.zeros(keys.shape, dtype=torch.float32, device=q.device)
+        dv = torch.zeros_like(dk)
+        c = q.shape[2] // 2
+        dout = dout.contiguous()
+        for slot, chunk in enumerate(chunk_ids(ctx.cp, ctx.cp_rank)):
+            mine = slice(slot * c, (slot + 1) * c)
+            pieces = [(slice(chunk * c, (chunk + 1) * c), True)]
+            if chunk > 0:
+                pieces.append((slice(0, chunk * c), False))
+            dq_c = None
+            for (keys_at, causal), extra in zip(pieces, ctx.extras[slot]):
+                g_q, g_k, g_v = _attention_backward(
+                    dout[:, :, mine],
+                    q[:, :, mine],
+                    keys[:, :, keys_at],
+                    values[:, :, keys_at],
+                    out[:, :, mine],
+                    lse[:, :, mine],
+                    causal,
+                    extra,
+                )
+                dq_c = g_q.float() if dq_c is None else dq_c + g_q.float()
+                dk[:, :, keys_at] += g_k.float()
+                dv[:, :, keys_at] += g_v.float()
+            dq[:, :, mine] = dq_c.to(q.dtype)
+        if n_rep > 1:  # each kv head served n_rep consecutive query heads
+            dk = dk.unflatten(1, (-1, n_rep)).sum(2)
+            dv = dv.unflatten(1, (-1, n_rep)).sum(2)
+        dk = _scatter_grad(dk, ctx.group, ctx.cp, ctx.k_dtype)
+        dv = _scatter_grad(dv, ctx.group, ctx.cp, ctx.k_dtype)
+        return dq, dk, dv, None, None, None
+
+
+def all_gather_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup
+) -> torch.Tensor:
+    """Causal attention of this rank's queries over the whole sequence's keys and values.
+
+    ``q [B, H, T/cp, D]``, ``k, v [B, H_kv, T/cp, D]``, each holding this rank's two chunks
+    (``shard_sequence``); returns ``[B, H, T/cp, D]``. Functional collectives keep it traceable
+    by ``torch.compile``.
+    """
+    cp, cp_rank = dist.get_world_size(group), dist.get_rank(group)
+    return _AllGatherAttention.apply(q, k, v, group.group_name, cp, cp_rank)
+
+
+class ContextParallelAttention(nn.Module):
+    """Drop-in for the model's causal attention module when the sequence is split over ``group``."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.group = group
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return all_gather_attention(q, k, v, self.group)
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def apply_cp(model: nn.Module, cp_mesh: Any) -> None:
+    """Swap every block's attention kernel for the all-gather one and give each block the rotary
+    table rows of the positions this rank holds."""
+    group, cp, cp_rank = cp_mesh.get_group(), cp_mesh.size(), cp_mesh.get_local_rank()
+
+    def local_positions(module: nn.Module, args: tuple) -> tuple:
+        x, rope_cache = args
+        seq_len = x.shape[1] * cp  # x holds this rank's T / cp positions
+        return x, shard_sequence(rope_cache[:seq_len], cp, cp_rank, dim=0)
+
+    for block in model.layers.values():
+        block.attention.sdpa = ContextParallelAttention(group)
+        block.attention.register_forward_pre_hook(local_positions)
