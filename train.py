@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from torchtitan import float8, utils
+from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.config_manager import JobConfig, help_text, parse_args
 from torchtitan.errors import ConfigError, TorchTitanError
 from torchtitan.float8 import apply_converters
@@ -113,10 +114,29 @@ def train(job_config: JobConfig) -> None:
         f"x {plan.grad_accum_steps} accumulation steps; training {t.steps} steps"
     )
 
+    # ---- checkpoints: resume from the newest complete one in the folder, if any
+    train_state = TrainState()
+    checkpointer = CheckpointManager(
+        job_config,
+        model_parts=model_parts,
+        optimizers=optimizer,
+        lr_schedulers=lr_scheduler,
+        dataloader=dataloader,
+        train_state=train_state,
+        rank=rank,
+        world_size=world_size,
+    )
+    checkpointer.load()
+    if train_state.step >= t.steps:
+        logger.info(f"Already trained to step {train_state.step} of {t.steps}: nothing to do")
+        metrics.close()
+        return
+
     # ---- the training loop
     data_iter = iter(dataloader)
     params = [p for m in model_parts for p in m.parameters()]
-    for step in range(1, t.steps + 1):
+    tokens_per_step = plan.global_batch_size * t.seq_len
+    for step in range(train_state.step + 1, t.steps + 1):
         gc_handler.run(step)
         optimizer.zero_grad()
         loss_sum = torch.zeros((), device=device)
@@ -145,8 +165,13 @@ def train(job_config: JobConfig) -> None:
         float8.after_optimizer_step(model_parts, job_config)
         lr = lr_scheduler.get_last_lr()[0]
         lr_scheduler.step()
+        train_state.step, train_state.ntokens_seen = (
+            step,
+            train_state.ntokens_seen + tokens_per_step,
+        )
         if metrics.should_log(step) or step == t.steps:  # the last step is always logged
             metrics.log(step, _mean_over(loss_sum, loss_mesh), float(grad_norm), lr)
+        checkpointer.maybe_save(step)
     metrics.close()
     logger.info("Training finished")
 

@@ -48,3 +48,17 @@ def tensorboard_run(dump_folder: Path):
 def tensorboard_scalars(dump_folder: Path, tag: str = "loss") -> dict[int, float]:
     """``{step: value}`` of one scalar from the only TensorBoard run under ``dump_folder/tb``."""
     return {e.step: e.value for e in tensorboard_run(dump_folder).Scalars(tag)}
+
+
+def tensorboard_scalars_all_runs(dump_folder: Path, tag: str = "loss") -> dict[int, float]:
+    """``{step: value}`` over every TensorBoard run under ``dump_folder/tb`` (a resumed job
+    writes a new run), later runs overriding earlier ones."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    merged: dict[int, float] = {}
+    for run in sorted((dump_folder / "tb").iterdir()):
+        acc = EventAccumulator(str(run))
+        acc.Reload()
+        if tag in acc.Tags().get("scalars", []):
+            merged.update({e.step: e.value for e in acc.Scalars(tag)})
+    return merged

@@ -168,7 +168,16 @@ def test_debug_config_parses():
             ["--model.tokenizer_path", "/no/such/tok.model"],
             "model.tokenizer_path: '/no/such/tok.model' does not exist",
         ),
-        ("", ["--checkpoint.enable"], "checkpoint.enable: this feature is not available"),
+        (
+            "",
+            ["--checkpoint.last_save_in_hf"],
+            "checkpoint.last_save_in_hf: this feature is not available",
+        ),
+        (
+            "",
+            ["--checkpoint.async_mode", "async"],
+            "checkpoint.async_mode: 'async' is not available in this version yet; use 'disabled'",
+        ),
         (
             "",
             ["--activation_checkpoint.mode", "partial"],

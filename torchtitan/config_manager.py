@@ -194,7 +194,7 @@ class Parallelism:
 
 @dataclass
 class Checkpoint:
-    enable: bool = opt(False, "Save and auto-resume checkpoints (not available yet)")
+    enable: bool = opt(False, "Save checkpoints and resume from the newest complete one")
     folder: str = opt("checkpoint", "Checkpoint folder under job.dump_folder")
     interval: int = opt(500, "Save every N steps", ge=1)
     keep_latest_k: int = opt(10, "Keep only the newest k complete checkpoints; 0 = keep all", ge=0)
@@ -213,7 +213,9 @@ class Checkpoint:
     initial_load_model_only: bool = opt(True, "Load only model weights from initial_load_path")
     initial_load_in_hf: bool = opt(False, "initial_load_path is a Hugging Face safetensors folder")
     last_save_in_hf: bool = opt(False, "Export the final weights in Hugging Face format")
-    last_save_model_only: bool = opt(True, "Final save holds only model weights")
+    last_save_model_only: bool = opt(
+        False, "Final save holds only model weights (an export, not a resume point)"
+    )
     create_seed_checkpoint: bool = opt(False, "Write initial weights from one process and exit")
 
 
@@ -522,8 +524,9 @@ def _check_bounds(cfg: JobConfig) -> None:
 
 # Keys that select features later releases add; setting them today must fail loudly, not be ignored.
 _NOT_YET = {
-    "checkpoint.enable": True,
     "checkpoint.create_seed_checkpoint": True,
+    "checkpoint.initial_load_in_hf": True,
+    "checkpoint.last_save_in_hf": True,
     "profiling.enable_profiling": True,
     "profiling.enable_memory_snapshot": True,
     "validation.enable": True,
@@ -541,6 +544,11 @@ def validate(cfg: JobConfig) -> None:
             raise ConfigError(
                 f"{dotted}: this feature is not available in this version yet; leave it unset"
             )
+    if cfg.checkpoint.async_mode != "disabled":
+        raise ConfigError(
+            f"checkpoint.async_mode: '{cfg.checkpoint.async_mode}' is not available in this "
+            "version yet; use 'disabled'"
+        )
     t = cfg.training
     if t.global_batch_size != -1 and t.global_batch_size < 1:
         raise ConfigError(

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -37,10 +38,39 @@ def lr_factor(step: int, *, total_steps: int, cfg: LRConfig) -> float:
     return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * curve
 
 
+class LRSchedulers:
+    """One LambdaLR per optimizer of an ``Optimizers``, stepped together; all share the schedule."""
+
+    def __init__(self, schedulers: list[torch.optim.lr_scheduler.LambdaLR]) -> None:
+        self.schedulers = schedulers
+
+    def step(self) -> None:
+        for s in self.schedulers:
+            s.step()
+
+    def get_last_lr(self) -> list[float]:
+        return self.schedulers[0].get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"last_epoch": finished optimizer steps}``: the schedule itself comes from config."""
+        return {"last_epoch": self.schedulers[0].last_epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for s in self.schedulers:
+            s.last_epoch = state_dict["last_epoch"]
+            lrs = [base * lmbda(s.last_epoch) for base, lmbda in zip(s.base_lrs, s.lr_lambdas)]
+            for group, lr in zip(s.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            s._last_lr = lrs
+
+
 def build_lr_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: LRConfig, total_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR whose ``last_epoch`` counts finished optimizer steps (so resume restores it)."""
+    optimizer: Any, cfg: LRConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR | LRSchedulers:
+    """A LambdaLR whose ``last_epoch`` counts finished optimizer steps (so resume restores it);
+    for an ``Optimizers`` container, one per optimizer in an ``LRSchedulers``."""
+    if hasattr(optimizer, "optimizers"):
+        return LRSchedulers([build_lr_scheduler(o, cfg, total_steps) for o in optimizer.optimizers])
     # LambdaLR evaluates the lambda at last_epoch = 0 on construction (before step 1) and after each
     # scheduler.step(); we want the value for the *next* optimizer step, hence ``n + 1``.
     return torch.optim.lr_scheduler.LambdaLR(

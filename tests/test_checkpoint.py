@@ -1,0 +1,157 @@
+"""Checkpointing through ./run_llama_train.sh (real processes, gloo on CPU): exact resume,
+resume under another parallel layout, incomplete and damaged checkpoints, retention, and the
+one-line errors. Losses are compared at full precision from TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from launcher import launch, tensorboard_scalars_all_runs
+
+from torchtitan.checkpoint import scan
+
+# Warm-up up to the resume point and no decay: a 10-step and a 20-step run follow the same
+# schedule, and a resume that lost the LR-scheduler state would warm up again (other losses).
+COMMON = [
+    "--training.seq_len", "64",
+    "--training.global_batch_size", "8",
+    "--lr_scheduler.warmup_steps", "10",
+    "--lr_scheduler.decay_ratio", "0",
+    "--metrics.log_freq", "1",
+    "--debug.seed", "42",
+    "--debug.deterministic",
+    "--checkpoint.enable",
+    "--checkpoint.interval", "5",
+]  # fmt: skip
+ONE_PROCESS = ["--training.local_batch_size", "8"]
+
+
+def _train(tmp_path: Path, steps: int, *extra: str, ngpu: int = 1, ok: bool = True):
+    out = launch(tmp_path, *COMMON, "--training.steps", str(steps), *extra, ngpu=ngpu, timeout=900)
+    if ok:
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _folder(tmp_path: Path) -> Path:
+    return tmp_path / "out" / "checkpoint"
+
+
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory) -> dict[int, float]:
+    """20 steps in one go, one process."""
+    tmp = tmp_path_factory.mktemp("unbroken")
+    _train(tmp, 20, *ONE_PROCESS)
+    losses = tensorboard_scalars_all_runs(tmp / "out")
+    assert sorted(losses) == list(range(1, 21))
+    return losses
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_losses_as_an_unbroken_run(tmp_path, unbroken):
+    _train(tmp_path, 10, *ONE_PROCESS)
+    assert [c.step for c in scan(str(_folder(tmp_path)))] == [5, 10]
+    out = _train(tmp_path, 20, *ONE_PROCESS)
+    assert "Loaded training state from" in out.stdout and "(step 10)" in out.stdout
+    resumed = tensorboard_scalars_all_runs(tmp_path / "out")
+    for step in range(1, 21):
+        assert abs(resumed[step] - unbroken[step]) <= 1e-6, (step, resumed[step], unbroken[step])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ((2, ["--training.local_batch_size", "4"]), (2, ["--parallelism.tensor_parallel_degree", "2",
+                                                          "--training.local_batch_size", "8"])),
+        ((1, ONE_PROCESS), (2, ["--parallelism.pipeline_parallel_degree", "2",
+                                "--parallelism.pipeline_parallel_microbatch_size", "4",
+                                "--training.local_batch_size", "8"])),
+    ],
+    ids=["fsdp2_to_tp2", "pp_off_to_pp2"],
+)  # fmt: skip
+def test_resume_under_another_layout_continues_the_same_training(tmp_path, unbroken, first, second):
+    _train(tmp_path, 10, *first[1], ngpu=first[0])
+    _train(tmp_path, 20, *second[1], ngpu=second[0])
+    resumed = tensorboard_scalars_all_runs(tmp_path / "out")
+    for step in range(1, 21):
+        # layouts differ from one process only by summation order (about 1e-6)
+        assert abs(resumed[step] - unbroken[step]) <= 1e-4, (step, resumed[step], unbroken[step])
+
+
+@pytest.mark.slow
+def test_incomplete_damaged_and_old_checkpoints(tmp_path, unbroken):
+    _train(tmp_path, 15, *ONE_PROCESS, "--checkpoint.keep_latest_k", "2")
+    folder = _folder(tmp_path)
+    # retention: only the newest two complete checkpoints are kept
+    assert [(c.step, c.complete) for c in scan(str(folder))] == [(10, True), (15, True)]
+    assert json.loads((folder / "step-15" / "COMPLETE").read_text())["model_only"] is False
+
+    # a save that never finished (no marker) is ignored and removed; the newest complete one
+    # is damaged (a truncated data file): the run falls back to step 10 and says so
+    (folder / "step-20").mkdir()
+    (folder / "step-20" / "__0_0.distcp").write_bytes(b"partial")
+    data = next((folder / "step-15").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:1000])
+    out = _train(tmp_path, 20, *ONE_PROCESS)
+    log = out.stdout + out.stderr
+    assert "Removing incomplete checkpoint" in log and "step-20 (no COMPLETE marker)" in log
+    assert f"checkpoint {folder / 'step-15'} cannot be loaded" in log
+    assert "falling back to the checkpoint before it" in log
+    assert "(step 10)" in log
+    resumed = tensorboard_scalars_all_runs(tmp_path / "out")
+    for step in range(11, 21):
+        assert abs(resumed[step] - unbroken[step]) <= 1e-6, (step, resumed[step], unbroken[step])
+
+
+@pytest.mark.slow
+def test_only_checkpoint_damaged_and_missing_load_step_are_one_line_errors(tmp_path):
+    _train(tmp_path, 5, *ONE_PROCESS)
+    out = _train(tmp_path, 10, *ONE_PROCESS, "--checkpoint.load_step", "7", ok=False)
+    assert out.returncode != 0
+    assert (
+        f"error: checkpoint.load_step: no complete checkpoint for step 7 in "
+        f"{_folder(tmp_path)} (complete steps: 5)" in out.stderr
+    )
+    os.remove(_folder(tmp_path) / "step-5" / ".metadata")
+    out = _train(tmp_path, 10, *ONE_PROCESS, ok=False)
+    assert out.returncode == 1
+    lines = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        len(lines) == 1
+        and f"checkpoint {_folder(tmp_path) / 'step-5'} has no readable DCP metadata" in lines[0]
+    ), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_checkpoint_metadata_cannot_run_code(tmp_path):
+    """DCP's metadata is a pickle: only DCP's own metadata classes may be built from it."""
+    import pickle
+
+    from torchtitan.checkpoint import CheckpointError, _checkpoint_keys
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Evil()))
+    with pytest.raises(CheckpointError, match="is not allowed in checkpoint metadata"):
+        _checkpoint_keys(str(tmp_path))
+    assert not (Path.cwd() / "pwned").exists()
+
+
+def test_scan_orders_steps_and_reads_markers(tmp_path):
+    for step, marker in ((10, '{"step": 10, "model_only": true}'), (2, "{"), (5, None)):
+        (tmp_path / f"step-{step}").mkdir()
+        if marker is not None:
+            (tmp_path / f"step-{step}" / "COMPLETE").write_text(marker)
+    (tmp_path / "step-x").mkdir()
+    assert [(c.step, c.complete, c.model_only) for c in scan(str(tmp_path))] == [
+        (2, False, False),  # an unreadable marker is no marker
+        (5, False, False),
+        (10, True, True),
+    ]

@@ -1,0 +1,399 @@
+"""Checkpoints: the whole training state through ``torch.distributed.checkpoint`` (DCP).
+
+Layout: ``{job.dump_folder}/{checkpoint.folder}/step-{N}/`` holds DCP's ``.metadata`` and one
+``*.distcp`` file per writing rank, then ``COMPLETE`` (JSON: step, whether it holds model weights
+only, the world size that wrote it). ``COMPLETE`` is written last, by rank 0, after every rank's
+data and the metadata are on disk: a folder without it is a save that did not finish, which
+readers ignore and rank 0 deletes.
+
+What is saved, keyed by name so that any parallel layout can load it (DCP reshards DTensors):
+``model`` (parameter FQNs), ``optimizer`` (flattened per FQN), ``lr_scheduler``, ``dataloader``
+(one entry per virtual data shard), ``train_state`` (step, tokens seen) and ``rng`` (per rank).
+
+Auto-resume: a job whose folder holds complete checkpoints continues from the newest one with the
+full training state (or ``checkpoint.load_step``); one that fails to load is reported and the one
+before it is tried. Model-only checkpoints (exports, ``model_weights_only``) are not resume
+points, except a seed checkpoint at step 0, whose weights start the run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+
+from torchtitan.config_manager import JobConfig
+from torchtitan.errors import TorchTitanError
+from torchtitan.log import logger
+
+MARKER = "COMPLETE"
+STATE_KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
+_EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CheckpointError(TorchTitanError):
+    """A checkpoint that cannot be used: missing, incomplete, damaged or of another model."""
+
+    exit_code = 1
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    ntokens_seen: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step, "ntokens_seen": self.ntokens_seen}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step, self.ntokens_seen = int(state["step"]), int(state["ntokens_seen"])
+
+
+@dataclass(frozen=True)
+class Found:
+    """A checkpoint folder and what its marker says (``complete`` False: no marker)."""
+
+    step: int
+    path: str
+    complete: bool
+    model_only: bool = False
+
+
+def scan(folder: str) -> list[Found]:
+    """Every ``step-N`` folder under ``folder``, oldest first."""
+    found = []
+    if not os.path.isdir(folder):
+        return found
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if not (name.startswith("step-") and name[5:].isdigit() and os.path.isdir(path)):
+            continue
+        marker = os.path.join(path, MARKER)
+        info: dict[str, Any] = {}
+        if os.path.isfile(marker):
+            try:
+                with open(marker) as f:
+                    info = json.load(f)
+            except (OSError, ValueError):
+                info = {}  # an unreadable marker is no marker
+        found.append(Found(int(name[5:]), path, bool(info), bool(info.get("model_only", False))))
+    return sorted(found, key=lambda c: c.step)
+
+
+# ----------------------------------------------------------------------------- state dicts
+
+
+class ModelState:
+    """The model parts (pipeline stages) as one state dict keyed by parameter FQN."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        self.parts = parts
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        for part in self.parts:
+            state.update(get_model_state_dict(part))
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for part in self.parts:
+            own = get_model_state_dict(part).keys()
+            set_model_state_dict(part, {k: state[k] for k in own}, options=StateDictOptions())
+
+
+class RNGState:
+    """This rank's torch RNG states (CPU, and CUDA where present), keyed by global rank."""
+
+    def __init__(self, rank: int) -> None:
+        self.key = f"rank_{rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return {self.key: state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = state.get(self.key)
+        if not mine:
+            return
+        torch.set_rng_state(mine["cpu"])
+        if "cuda" in mine and torch.cuda.is_available():
+            torch.cuda.set_rng_state(mine["cuda"])
+
+
+# ----------------------------------------------------------------------------- manager
+
+
+class CheckpointManager:
+    """Saves every ``checkpoint.interval`` steps and at the end; loads on start-up."""
+
+    def __init__(
+        self,
+        job_config: JobConfig,
+        *,
+        model_parts: list[nn.Module],
+        optimizers: Any,
+        lr_schedulers: Any,
+        dataloader: Any,
+        train_state: TrainState,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.cfg = job_config.checkpoint
+        self.enabled = self.cfg.enable
+        self.folder = os.path.join(job_config.job.dump_folder, self.cfg.folder)
+        self.total_steps = job_config.training.steps
+        self.rank, self.world_size = rank, world_size
+        self.train_state = train_state
+        self.objects: dict[str, Any] = {
+            "model": ModelState(model_parts),
+            "optimizer": optimizers,
+            "lr_scheduler": lr_schedulers,
+            "dataloader": dataloader,
+            "train_state": train_state,
+            "rng": RNGState(rank),
+        }
+
+    # ---- saving
+
+    def maybe_save(self, step: int) -> None:
+        if not self.enabled:
+            return
+        last = step == self.total_steps
+        if step % self.cfg.interval and not last:
+            return
+        model_only = self.cfg.model_weights_only or (last and self.cfg.last_save_model_only)
+        self.save(step, model_only=model_only)
+
+    def save(self, step: int, *, model_only: bool) -> str:
+        path = os.path.join(self.folder, f"step-{step}")
+        t0 = time.perf_counter()
+        if self.rank == 0 and os.path.isdir(path):
+            shutil.rmtree(path)  # a save of this step that did not finish (or an older run's)
+        _barrier()
+        dcp.save(self._state(model_only, for_save=True), checkpoint_id=path)
+        if self.rank == 0:
+            self._mark_complete(path, step, model_only)
+            self._purge()
+        _barrier()
+        what = "model weights" if model_only else "training state"
+        logger.info(f"Saved {what} at step {step} to {path} in {time.perf_counter() - t0:.2f}s")
+        return path
+
+    def _state(self, model_only: bool, for_save: bool) -> dict[str, Any]:
+        keys = ("model",) if model_only else STATE_KEYS
+        state = {k: self.objects[k].state_dict() for k in keys}
+        if for_save and model_only and self.cfg.export_dtype != "float32":
+            dtype = _EXPORT_DTYPES[self.cfg.export_dtype]
+            state["model"] = {k: v.to(dtype) for k, v in state["model"].items()}
+        return state
+
+    def _mark_complete(self, path: str, step: int, model_only: bool) -> None:
+        info = {"step": step, "model_only": model_only, "world_size": self.world_size}
+        tmp = os.path.join(path, f".{MARKER}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(path, MARKER))
+
+    def _purge(self) -> None:
+        """Keep the newest ``keep_latest_k`` complete checkpoints (0: all)."""
+        k = self.cfg.keep_latest_k
+        complete = [c for c in scan(self.folder) if c.complete]
+        if k > 0 and len(complete) > k:
+            for old in complete[:-k]:
+                shutil.rmtree(old.path, ignore_errors=True)
+                logger.info(f"Removed checkpoint {old.path} (keeping the newest {k})")
+
+    # ---- loading
+
+    def load(self) -> bool:
+        """Resume from the folder (or ``initial_load_path``); True if a checkpoint was loaded."""
+        if not self.enabled:
+            return False
+        found = scan(self.folder)
+        if self.rank == 0:
+            for c in found:
+                if not c.complete:
+                    logger.warning(f"Removing incomplete checkpoint {c.path} (no {MARKER} marker)")
+                    shutil.rmtree(c.path, ignore_errors=True)
+        _barrier()
+        complete = [c for c in found if c.complete]
+        if self.cfg.load_step != -1:
+            return self._load_requested(complete)
+        candidates = [c for c in complete if not c.model_only or c.step == 0]
+        for skipped in [c for c in complete if c not in candidates]:
+            logger.info(f"Checkpoint {skipped.path} holds model weights only: not a resume point")
+        for i, c in enumerate(reversed(candidates)):
+            try:
+                self._load(c.path, model_only=c.model_only, step=c.step)
+                return True
+            except CheckpointError as e:
+                if i + 1 == len(candidates):
+                    raise
+                logger.warning(f"{e}; falling back to the checkpoint before it")
+        if self.cfg.initial_load_path:
+            self._load(self.cfg.initial_load_path, self.cfg.initial_load_model_only, step=None)
+            return True
+        return False
+
+    def _load_requested(self, complete: list[Found]) -> bool:
+        step = self.cfg.load_step
+        match = [c for c in complete if c.step == step]
+        if not match:
+            have = ", ".join(str(c.step) for c in complete) or "none"
+            raise CheckpointError(
+                f"checkpoint.load_step: no complete checkpoint for step {step} in {self.folder} "
+                f"(complete steps: {have})"
+            )
+        self._load(match[0].path, model_only=match[0].model_only, step=step)
+        return True
+
+    def _load(self, path: str, model_only: bool, step: int | None) -> None:
+        keys = ("model",) if model_only else STATE_KEYS
+        keys = tuple(k for k in keys if k not in self.cfg.exclude_from_loading)
+        available = _checkpoint_keys(path)
+        state = {k: self.objects[k].state_dict() for k in keys}
+        rng_prefix = f"rng.{self.objects['rng'].key}."
+        if "rng" in state and not any(k.startswith(rng_prefix) for k in available):
+            logger.info(f"{path}: no RNG state for this rank (saved by another world size)")
+            del state["rng"]
+        _check_model_keys(path, state.get("model", {}), available)
+        t0 = time.perf_counter()
+        try:
+            dcp.load(
+                state,
+                storage_reader=SafeFileSystemReader(path),
+                planner=SafeLoadPlanner(),
+            )
+        except (Exception, CheckpointException) as e:  # DCP gathers every rank's read error
+            raise CheckpointError(
+                f"checkpoint {path} cannot be loaded ({type(e).__name__}: {_first_line(e)})"
+            ) from e
+        for k, v in state.items():
+            self.objects[k].load_state_dict(v)
+        if model_only:
+            self.train_state.load_state_dict({"step": 0, "ntokens_seen": 0})
+        logger.info(
+            f"Loaded {'model weights' if model_only else 'training state'} from {path}"
+            + (f" (step {self.train_state.step})" if not model_only else "")
+            + f" in {time.perf_counter() - t0:.2f}s"
+        )
+
+
+def _checkpoint_keys(path: str) -> set[str]:
+    """The flattened keys a DCP checkpoint holds (``model.layers.0...``); CheckpointError if its
+    metadata is missing or unreadable."""
+    try:
+        metadata = SafeFileSystemReader(path).read_metadata()
+    except Exception as e:
+        raise CheckpointError(
+            f"checkpoint {path} has no readable DCP metadata ({type(e).__name__}: {_first_line(e)})"
+        ) from e
+    return set(metadata.state_dict_metadata)
+
+
+def _check_model_keys(path: str, model_state: dict[str, Any], available: set[str]) -> None:
+    """A checkpoint of another model gives one error that lists what does not match."""
+    if not model_state:
+        return
+    missing = sorted(k for k in model_state if f"model.{k}" not in available)
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        raise CheckpointError(
+            f"checkpoint {path} lacks {len(missing)} parameters of this model ({shown}); "
+            "is it a checkpoint of another model or flavor?"
+        )
+
+
+# ----------------------------------------------------------------------------- safe reading
+# A checkpoint may come from elsewhere (initial_load_path): nothing in it is unpickled with the
+# full pickle machinery. Objects go through torch.load(weights_only=True); DCP's metadata, a
+# plain pickle, through an unpickler that only builds DCP's metadata classes and plain values.
+
+_METADATA_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "Path"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        ):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+
+class SafeFileSystemReader(dcp.FileSystemReader):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        with open(os.path.join(self.path, ".metadata"), "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
