@@ -4,6 +4,8 @@
 #                on CPU each process is a CPU worker using gloo)
 #   CONFIG_FILE  TOML config (default: train_configs/debug_model.toml)
 #   LOG_RANK     comma-separated ranks whose output is shown (default: 0)
+#   MAX_RESTARTS times torchrun restarts all workers after one fails (default: 0); with
+#                checkpoint.enable they resume from the newest complete checkpoint
 #   PYTHON       Python interpreter (default: the active virtual environment's, else this
 #                checkout's .venv if it has one, else python3)
 set -euo pipefail
@@ -25,6 +27,7 @@ if [ -z "${NGPU:-}" ]; then
 fi
 CONFIG_FILE="${CONFIG_FILE:-$here/train_configs/debug_model.toml}"
 LOG_RANK="${LOG_RANK:-0}"
+MAX_RESTARTS="${MAX_RESTARTS:-0}"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 # torchrun would set OMP_NUM_THREADS=1; CPU workers instead share the cores (a value you set wins).
 if [ -z "${OMP_NUM_THREADS:-}" ] && ! nvidia-smi -L >/dev/null 2>&1; then
@@ -41,7 +44,7 @@ esac
 "$PYTHON" -m torchtitan.preflight --world-size "$NGPU" --job.config_file "$CONFIG_FILE" "$@" || exit $?
 
 cmd=("$PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node="$NGPU"
-     --local-ranks-filter "$LOG_RANK" --role rank --tee 3
+     --max-restarts="$MAX_RESTARTS" --local-ranks-filter "$LOG_RANK" --role rank --tee 3
      "$here/train.py" --job.config_file "$CONFIG_FILE" "$@")
 echo "+ ${cmd[*]}"
 
