@@ -126,6 +126,10 @@ def train(job_config: JobConfig) -> None:
         rank=rank,
         world_size=world_size,
     )
+    if job_config.checkpoint.create_seed_checkpoint:  # initial weights for later runs, then stop
+        checkpointer.save_seed()
+        metrics.close()
+        return
     checkpointer.load()
     if train_state.step >= t.steps:
         logger.info(f"Already trained to step {train_state.step} of {t.steps}: nothing to do")
@@ -161,6 +165,7 @@ def train(job_config: JobConfig) -> None:
                 )
             loss_sum += utils.full_tensor(loss.detach())  # a vocab-parallel loss is a DTensor
         grad_norm = utils.clip_grad_norm_(params, t.max_norm, pp_group=pp_group)
+        checkpointer.wait_for_staging()  # a background save's copy of the weights, if one runs
         optimizer.step()
         float8.after_optimizer_step(model_parts, job_config)
         lr = lr_scheduler.get_last_lr()[0]
@@ -172,6 +177,7 @@ def train(job_config: JobConfig) -> None:
         if metrics.should_log(step) or step == t.steps:  # the last step is always logged
             metrics.log(step, _mean_over(loss_sum, loss_mesh), float(grad_norm), lr)
         checkpointer.maybe_save(step)
+    checkpointer.close()  # the last background save, if any, is written and marked complete
     metrics.close()
     logger.info("Training finished")
 

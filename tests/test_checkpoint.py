@@ -51,10 +51,15 @@ def unbroken(tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_resume_gives_the_same_losses_as_an_unbroken_run(tmp_path, unbroken):
-    _train(tmp_path, 10, *ONE_PROCESS)
-    assert [c.step for c in scan(str(_folder(tmp_path)))] == [5, 10]
-    out = _train(tmp_path, 20, *ONE_PROCESS)
+@pytest.mark.parametrize("async_mode", ["disabled", "async", "async_with_pinned_mem"])
+def test_resume_gives_the_same_losses_as_an_unbroken_run(tmp_path, unbroken, async_mode):
+    """Background saves too: training goes on while they are written, then they are marked."""
+    mode = ["--checkpoint.async_mode", async_mode]
+    out = _train(tmp_path, 10, *ONE_PROCESS, *mode)
+    assert [(c.step, c.complete) for c in scan(str(_folder(tmp_path)))] == [(5, True), (10, True)]
+    if async_mode != "disabled":
+        assert "in the background (training resumed after" in out.stdout
+    out = _train(tmp_path, 20, *ONE_PROCESS, *mode)
     assert "Loaded training state from" in out.stdout and "(step 10)" in out.stdout
     resumed = tensorboard_scalars_all_runs(tmp_path / "out")
     for step in range(1, 21):
@@ -215,3 +220,38 @@ def test_a_killed_worker_is_restarted_and_resumes(tmp_path):
     assert sorted(resumed) == list(range(1, steps + 1))
     for step in range(1, steps + 1):
         assert abs(resumed[step] - unbroken[step]) <= 1e-6, (step, resumed[step], unbroken[step])
+
+
+@pytest.mark.slow
+def test_seed_checkpoint_starts_a_run_of_another_layout(tmp_path):
+    """A seed written with --debug.seed 7 by one process: a 2-process FSDP run given seed 42
+    starts from the seed's weights (its losses are seed 7's, not 42's)."""
+    out = _train(tmp_path, 4, *ONE_PROCESS, "--checkpoint.create_seed_checkpoint",
+                 "--debug.seed", "7", "--parallelism.tensor_parallel_degree", "2")  # fmt: skip
+    assert [(c.step, c.complete, c.model_only) for c in scan(str(_folder(tmp_path)))] == [
+        (0, True, True)
+    ]
+    assert "step:" not in out.stdout  # the seed run trains nothing
+    out = _train(tmp_path, 4, "--training.local_batch_size", "4", ngpu=2)
+    assert "Loaded model weights from" in out.stdout and "step-0" in out.stdout
+    from_seed = tensorboard_scalars_all_runs(tmp_path / "out")
+
+    reference = tmp_path / "seed7"
+    reference.mkdir()
+    _train(reference, 4, *ONE_PROCESS, "--debug.seed", "7", "--checkpoint.enable", "false")
+    seed7 = tensorboard_scalars_all_runs(reference / "out")
+    for step in range(1, 5):
+        assert abs(from_seed[step] - seed7[step]) <= 1e-4, (step, from_seed, seed7)
+    assert abs(from_seed[1] - 8.296497) > 1e-3  # seed 42's first loss: the seed was used
+
+
+def test_seed_checkpoint_needs_one_process():
+    from torchtitan.config_manager import parse_args
+    from torchtitan.errors import ConfigError
+    from torchtitan.preflight import check
+
+    cfg = parse_args(["--checkpoint.enable", "--checkpoint.create_seed_checkpoint"])
+    with pytest.raises(ConfigError, match="create_seed_checkpoint: runs on one process"):
+        check(cfg, world_size=2)
+    with pytest.raises(ConfigError, match="needs checkpoint.enable = true"):
+        parse_args(["--checkpoint.create_seed_checkpoint"])

@@ -143,6 +143,16 @@ class RNGState:
 # ----------------------------------------------------------------------------- manager
 
 
+@dataclass
+class _PendingSave:
+    path: str
+    step: int
+    model_only: bool
+    t0: float
+    upload: Any  # Future: the files are written
+    staging: Any  # Future: the state is copied off the live tensors (None: already)
+
+
 class CheckpointManager:
     """Saves every ``checkpoint.interval`` steps and at the end; loads on start-up."""
 
@@ -164,6 +174,16 @@ class CheckpointManager:
         self.total_steps = job_config.training.steps
         self.rank, self.world_size = rank, world_size
         self.train_state = train_state
+        self.async_mode = self.cfg.async_mode if self.enabled else "disabled"
+        self._pending: _PendingSave | None = None
+        self._stager: Any = None
+        # Async saves talk over their own gloo group from a background thread, never over the
+        # training group (whose collectives they would interleave with).
+        self._pg = (
+            dist.new_group(backend="gloo")
+            if self.async_mode != "disabled" and dist.is_initialized()
+            else None
+        )
         self.objects: dict[str, Any] = {
             "model": ModelState(model_parts),
             "optimizer": optimizers,
@@ -178,31 +198,115 @@ class CheckpointManager:
     def maybe_save(self, step: int) -> None:
         if not self.enabled:
             return
+        self.poll()
         last = step == self.total_steps
         if step % self.cfg.interval and not last:
             return
         model_only = self.cfg.model_weights_only or (last and self.cfg.last_save_model_only)
-        self.save(step, model_only=model_only)
+        self.save(step, model_only=model_only, export=model_only)
 
-    def save(self, step: int, *, model_only: bool) -> str:
+    def save_seed(self) -> str:
+        """``step-0`` with the freshly initialized weights (float32): every later run of this
+        job, whatever its layout, starts from them."""
+        return self.save(0, model_only=True, export=False)
+
+    def save(self, step: int, *, model_only: bool, export: bool = False) -> str:
+        """Write ``step-{step}``; with ``async_mode`` the write continues in the background and
+        ``COMPLETE`` follows when it has finished (see ``poll``)."""
+        self.wait()  # one save in flight at a time
         path = os.path.join(self.folder, f"step-{step}")
         t0 = time.perf_counter()
         if self.rank == 0 and os.path.isdir(path):
             shutil.rmtree(path)  # a save of this step that did not finish (or an older run's)
         _barrier()
-        dcp.save(self._state(model_only, for_save=True), checkpoint_id=path)
-        if self.rank == 0:
-            self._mark_complete(path, step, model_only)
-            self._purge()
-        _barrier()
+        state = self._state(model_only, cast=export)
         what = "model weights" if model_only else "training state"
-        logger.info(f"Saved {what} at step {step} to {path} in {time.perf_counter() - t0:.2f}s")
+        if self.async_mode == "disabled":
+            dcp.save(state, checkpoint_id=path)
+            self._finish(path, step, model_only)
+            _barrier()
+            logger.info(f"Saved {what} at step {step} to {path} in {time.perf_counter() - t0:.2f}s")
+            return path
+        self._pending = self._start_async(state, path, step, model_only)
+        logger.info(
+            f"Saving {what} at step {step} to {path} in the background "
+            f"(training resumed after {time.perf_counter() - t0:.2f}s)"
+        )
         return path
 
-    def _state(self, model_only: bool, for_save: bool) -> dict[str, Any]:
+    def _start_async(self, state: dict, path: str, step: int, model_only: bool) -> _PendingSave:
+        writer = dcp.FileSystemWriter(path)
+        if self.async_mode == "async":
+            # staged (copied to CPU) before async_save returns; written by a thread
+            future = dcp.async_save(state, storage_writer=writer, process_group=self._pg)
+            return _PendingSave(path, step, model_only, time.perf_counter(), future, None)
+        # async_with_pinned_mem: staged into reused (pinned, on CUDA) CPU buffers while the next
+        # step computes; only the optimizer step has to wait for that copy
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(cuda, False, True, cuda))
+        response = dcp.async_save(
+            state, storage_writer=writer, process_group=self._pg, async_stager=self._stager
+        )
+        return _PendingSave(
+            path,
+            step,
+            model_only,
+            time.perf_counter(),
+            response.upload_completion,
+            response.staging_completion,
+        )
+
+    def wait_for_staging(self) -> None:
+        """Call before the optimizer step: a background copy of the weights must finish first."""
+        if self._pending is not None and self._pending.staging is not None:
+            self._pending.staging.result()
+            self._pending.staging = None
+
+    def poll(self) -> None:
+        """Mark a finished background save complete (cheap; called every step)."""
+        if self._pending is not None and self._pending.upload.done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is written, then mark it complete."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.upload.result()
+        except BaseException as e:  # noqa: B036 - DCP raises CheckpointException (BaseException)
+            logger.error(
+                f"Background save to {pending.path} failed ({type(e).__name__}: "
+                f"{_first_line(e)}); it stays unmarked and will be removed"
+            )
+            return
+        self._finish(pending.path, pending.step, pending.model_only)
+        logger.info(
+            f"Saved {'model weights' if pending.model_only else 'training state'} at step "
+            f"{pending.step} to {pending.path} (written {time.perf_counter() - pending.t0:.2f}s "
+            "after training resumed)"
+        )
+
+    def _finish(self, path: str, step: int, model_only: bool) -> None:
+        if self.rank == 0:  # rank 0's save returns after every rank's data and the metadata
+            self._mark_complete(path, step, model_only)
+            self._purge()
+
+    def close(self) -> None:
+        """End of training: the last background save is finished and marked."""
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    def _state(self, model_only: bool, cast: bool) -> dict[str, Any]:
+        """What a save writes; ``cast``: model weights in ``checkpoint.export_dtype``."""
         keys = ("model",) if model_only else STATE_KEYS
         state = {k: self.objects[k].state_dict() for k in keys}
-        if for_save and model_only and self.cfg.export_dtype != "float32":
+        if cast and self.cfg.export_dtype != "float32":
             dtype = _EXPORT_DTYPES[self.cfg.export_dtype]
             state["model"] = {k: v.to(dtype) for k, v in state["model"].items()}
         return state

@@ -216,7 +216,9 @@ class Checkpoint:
     last_save_model_only: bool = opt(
         False, "Final save holds only model weights (an export, not a resume point)"
     )
-    create_seed_checkpoint: bool = opt(False, "Write initial weights from one process and exit")
+    create_seed_checkpoint: bool = opt(
+        False, "Write the initial weights to step-0 from one process and exit"
+    )
 
 
 @dataclass
@@ -524,7 +526,6 @@ def _check_bounds(cfg: JobConfig) -> None:
 
 # Keys that select features later releases add; setting them today must fail loudly, not be ignored.
 _NOT_YET = {
-    "checkpoint.create_seed_checkpoint": True,
     "checkpoint.initial_load_in_hf": True,
     "checkpoint.last_save_in_hf": True,
     "profiling.enable_profiling": True,
@@ -544,10 +545,11 @@ def validate(cfg: JobConfig) -> None:
             raise ConfigError(
                 f"{dotted}: this feature is not available in this version yet; leave it unset"
             )
-    if cfg.checkpoint.async_mode != "disabled":
+    ck = cfg.checkpoint
+    if ck.create_seed_checkpoint and not ck.enable:
         raise ConfigError(
-            f"checkpoint.async_mode: '{cfg.checkpoint.async_mode}' is not available in this "
-            "version yet; use 'disabled'"
+            "checkpoint.create_seed_checkpoint: needs checkpoint.enable = true (the seed is "
+            "written to the checkpoint folder)"
         )
     t = cfg.training
     if t.global_batch_size != -1 and t.global_batch_size < 1:

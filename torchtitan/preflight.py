@@ -35,15 +35,23 @@ class Plan:
 
 def check(job_config: JobConfig, world_size: int) -> Plan:
     p, t = job_config.parallelism, job_config.training
+    if job_config.checkpoint.create_seed_checkpoint and world_size != 1:
+        raise ConfigError(
+            f"checkpoint.create_seed_checkpoint: runs on one process (NGPU=1), not {world_size}; "
+            "the seed then starts runs of any layout"
+        )
     _check_device_features(job_config, utils.device_type)
-    dims = ParallelDims(
-        dp_replicate=p.data_parallel_replicate_degree,
-        dp_shard=p.data_parallel_shard_degree,
-        cp=p.context_parallel_degree,
-        tp=p.tensor_parallel_degree,
-        pp=p.pipeline_parallel_degree,
-        world_size=world_size,
-    )
+    if job_config.checkpoint.create_seed_checkpoint:  # the whole model in one process
+        dims = ParallelDims(1, 1, 1, 1, 1, world_size=1)
+    else:
+        dims = ParallelDims(
+            dp_replicate=p.data_parallel_replicate_degree,
+            dp_shard=p.data_parallel_shard_degree,
+            cp=p.context_parallel_degree,
+            tp=p.tensor_parallel_degree,
+            pp=p.pipeline_parallel_degree,
+            world_size=world_size,
+        )
     check_dataset_config(t.dataset, t.dataset_path)
     spec = get_train_spec(job_config.model.name)
     model_args = get_model_args(job_config.model.name, job_config.model.flavor)
