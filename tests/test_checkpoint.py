@@ -121,6 +121,19 @@ def test_only_checkpoint_damaged_and_missing_load_step_are_one_line_errors(tmp_p
         f"error: checkpoint.load_step: no complete checkpoint for step 7 in "
         f"{_folder(tmp_path)} (complete steps: 5)" in out.stderr
     )
+    # another job starts from these weights (and its own step 1)
+    other = tmp_path / "other"
+    other.mkdir()
+    start = str(_folder(tmp_path) / "step-5")
+    out = _train(other, 2, *ONE_PROCESS, "--checkpoint.initial_load_path", start)
+    assert f"Loaded model weights from {start}" in out.stdout and "step: 1 " in out.stdout
+    out = _train(other, 2, *ONE_PROCESS, "--job.dump_folder", str(other / "new"),
+                 "--checkpoint.initial_load_path", str(tmp_path), ok=False)  # fmt: skip
+    assert (
+        f"error: checkpoint.initial_load_path: '{tmp_path}' is not a DCP checkpoint folder"
+        in out.stderr
+    )
+
     os.remove(_folder(tmp_path) / "step-5" / ".metadata")
     out = _train(tmp_path, 10, *ONE_PROCESS, ok=False)
     assert out.returncode == 1

@@ -357,7 +357,13 @@ class CheckpointManager:
                     raise
                 logger.warning(f"{e}; falling back to the checkpoint before it")
         if self.cfg.initial_load_path:
-            self._load(self.cfg.initial_load_path, self.cfg.initial_load_model_only, step=None)
+            path = self.cfg.initial_load_path
+            if not os.path.isfile(os.path.join(path, ".metadata")):
+                raise CheckpointError(
+                    f"checkpoint.initial_load_path: '{path}' is not a DCP checkpoint folder (no "
+                    "'.metadata' in it); give a step-N folder written by this library"
+                )
+            self._load(path, self.cfg.initial_load_model_only, step=None)
             return True
         return False
 
