@@ -268,3 +268,18 @@ def test_seed_checkpoint_needs_one_process():
         check(cfg, world_size=2)
     with pytest.raises(ConfigError, match="needs checkpoint.enable = true"):
         parse_args(["--checkpoint.create_seed_checkpoint"])
+
+
+class _EvilGetattr:
+    def __reduce__(self):
+        return (getattr, (Path, "cwd"))  # any attribute of an allowed class: not allowed
+
+
+def test_metadata_getattr_only_gives_enum_members(tmp_path):
+    import pickle
+
+    from torchtitan.checkpoint import CheckpointError, _checkpoint_keys
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_EvilGetattr()))
+    with pytest.raises(CheckpointError, match="is not allowed in checkpoint metadata"):
+        _checkpoint_keys(str(tmp_path))

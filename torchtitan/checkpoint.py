@@ -467,8 +467,23 @@ _METADATA_GLOBALS = {
 }
 
 
+def _enum_member(cls: Any, name: str) -> Any:
+    """What some Python versions pickle an enum member as: ``getattr(EnumClass, name)``; only
+    members of the allowed enum classes are handed out."""
+    import enum
+
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and name in cls.__members__:
+        if (cls.__module__, cls.__qualname__) in _METADATA_GLOBALS:
+            return cls.__members__[name]
+    raise pickle.UnpicklingError(
+        f"getattr({cls!r}, {name!r}) is not allowed in checkpoint metadata"
+    )
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if (module, name) in _METADATA_GLOBALS:
             return super().find_class(module, name)
         if module == "torch" and isinstance(
