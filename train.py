@@ -125,6 +125,10 @@ def train(job_config: JobConfig) -> None:
         train_state=train_state,
         rank=rank,
         world_size=world_size,
+        model_args=model_args,
+        tokenizer=tokenizer,
+        pp_rank=mesh["pp"].get_local_rank() if dims.pp > 1 else 0,
+        pp_degree=dims.pp,
     )
     if job_config.checkpoint.create_seed_checkpoint:  # initial weights for later runs, then stop
         checkpointer.save_seed()

@@ -171,12 +171,12 @@ def test_debug_config_parses():
         (
             "",
             ["--checkpoint.last_save_in_hf"],
-            "checkpoint.last_save_in_hf: this feature is not available",
+            "checkpoint.last_save_in_hf: needs checkpoint.enable = true",
         ),
         (
             "",
-            ["--checkpoint.async_mode", "async"],
-            "checkpoint.async_mode: 'async' is not available in this version yet; use 'disabled'",
+            ["--checkpoint.enable", "--checkpoint.initial_load_in_hf"],
+            "checkpoint.initial_load_in_hf: needs checkpoint.initial_load_path",
         ),
         (
             "",

@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torchtitan.config_manager import JobConfig
 from torchtitan.errors import TorchTitanError
 from torchtitan.log import logger
+from torchtitan.utils import full_tensor
 
 MARKER = "COMPLETE"
 STATE_KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
@@ -167,6 +168,10 @@ class CheckpointManager:
         train_state: TrainState,
         rank: int,
         world_size: int,
+        model_args: Any = None,
+        tokenizer: Any = None,
+        pp_rank: int = 0,
+        pp_degree: int = 1,
     ) -> None:
         self.cfg = job_config.checkpoint
         self.enabled = self.cfg.enable
@@ -174,6 +179,12 @@ class CheckpointManager:
         self.total_steps = job_config.training.steps
         self.rank, self.world_size = rank, world_size
         self.train_state = train_state
+        self.model_parts = model_parts
+        self.model_args, self.tokenizer = model_args, tokenizer
+        self.pp_rank, self.pp_degree = pp_rank, pp_degree
+        # the rank that writes its pipeline stage's weights in a Hugging Face export: the first
+        # rank of each stage (the mesh puts pp outermost)
+        self.stage_writer = rank % (world_size // pp_degree) == 0
         self.async_mode = self.cfg.async_mode if self.enabled else "disabled"
         self._pending: _PendingSave | None = None
         self._stager: Any = None
@@ -204,6 +215,8 @@ class CheckpointManager:
             return
         model_only = self.cfg.model_weights_only or (last and self.cfg.last_save_model_only)
         self.save(step, model_only=model_only, export=model_only)
+        if last and self.cfg.last_save_in_hf:
+            self.export_hf(step)
 
     def save_seed(self) -> str:
         """``step-0`` with the freshly initialized weights (float32): every later run of this
@@ -356,6 +369,9 @@ class CheckpointManager:
                 if i + 1 == len(candidates):
                     raise
                 logger.warning(f"{e}; falling back to the checkpoint before it")
+        if self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
+            self._load_hf(self.cfg.initial_load_path)
+            return True
         if self.cfg.initial_load_path:
             path = self.cfg.initial_load_path
             if not os.path.isfile(os.path.join(path, ".metadata")):
@@ -409,6 +425,120 @@ class CheckpointManager:
             + (f" (step {self.train_state.step})" if not model_only else "")
             + f" in {time.perf_counter() - t0:.2f}s"
         )
+
+    # ---- Hugging Face
+
+    def _load_hf(self, path: str) -> None:
+        """Start from Hugging Face weights: every rank reads the files and keeps its shards."""
+        from torchtitan.models.llama.hf_format import from_hf, read_folder
+
+        t0 = time.perf_counter()
+        expected = {}
+        for part in self.model_parts:
+            expected.update({k: v.shape for k, v in get_model_state_dict(part).items()})
+        try:
+            state = from_hf(read_folder(path), self.model_args, expected)
+        except TorchTitanError as e:
+            raise CheckpointError(f"checkpoint.initial_load_path: {e}") from e
+        for part in self.model_parts:
+            own = {k: state[k] for k in get_model_state_dict(part)}
+            set_model_state_dict(part, own, options=StateDictOptions(full_state_dict=True))
+        self.train_state.load_state_dict({"step": 0, "ntokens_seen": 0})
+        logger.info(f"Loaded Hugging Face weights from {path} in {time.perf_counter() - t0:.2f}s")
+
+    def export_hf(self, step: int) -> str | None:
+        """``step-{step}-hf``: config.json and safetensors that ``transformers`` loads. Parameters
+        are gathered one at a time onto the CPU of each stage's first rank; with pipeline
+        parallelism every stage writes its own file and rank 0 the index."""
+        from torchtitan.models.llama.hf_format import INDEX, hf_config, to_hf, write_folder
+
+        final = os.path.join(self.folder, f"step-{step}-hf")
+        tmp = final + ".partial"
+        t0 = time.perf_counter()
+        dtype = _EXPORT_DTYPES[self.cfg.export_dtype]
+        state: dict[str, torch.Tensor] = {}
+        for part in self.model_parts:
+            for name, value in get_model_state_dict(part).items():
+                full = full_tensor(
+                    value
+                )  # a collective over the part's mesh, same order everywhere
+                if self.stage_writer:
+                    state[name] = full.detach().to("cpu", dtype)
+        hf_state = to_hf(state, self.model_args) if self.stage_writer else {}
+        tok = self.tokenizer
+        config = hf_config(
+            self.model_args,
+            dtype=dtype,
+            bos_id=getattr(tok, "bos_id", None),
+            eos_id=getattr(tok, "eos_id", None),
+        )
+        if self.rank == 0 and os.path.isdir(tmp):
+            shutil.rmtree(tmp)
+        _barrier()
+        if self.pp_degree == 1:
+            if self.rank == 0:
+                write_folder(tmp, hf_state, config)
+        else:
+            from safetensors.torch import save_file
+
+            name = f"model-{self.pp_rank + 1:05d}-of-{self.pp_degree:05d}.safetensors"
+            if self.stage_writer:
+                os.makedirs(tmp, exist_ok=True)
+                save_file(hf_state, os.path.join(tmp, name), metadata={"format": "pt"})
+            keys: list[Any] = [None] * self.world_size
+            dist.all_gather_object(keys, {k: name for k in hf_state} if self.stage_writer else {})
+            if self.rank == 0:
+                weight_map = {k: v for d in keys for k, v in d.items()}
+                with open(os.path.join(tmp, INDEX), "w") as f:
+                    json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+                with open(os.path.join(tmp, "config.json"), "w") as f:
+                    json.dump(config, f, indent=2)
+        _barrier()
+        if self.rank == 0:
+            if os.path.isdir(final):
+                shutil.rmtree(final)
+            os.replace(tmp, final)  # the export appears whole or not at all
+        _barrier()
+        logger.info(f"Exported Hugging Face weights to {final} in {time.perf_counter() - t0:.2f}s")
+        return final
+
+
+def read_model_weights(path: str, progress: Any = None) -> dict[str, torch.Tensor]:
+    """The model weights of a DCP checkpoint folder, whole, on this one process's CPU (for the
+    conversion and generation scripts). ``progress(done, total)`` is called per layer read."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        metadata = SafeFileSystemReader(path).read_metadata()
+    except Exception as e:
+        raise CheckpointError(
+            f"checkpoint {path} has no readable DCP metadata ({type(e).__name__}: {_first_line(e)})"
+        ) from e
+    shapes = {
+        key.removeprefix("model."): md
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+    }
+    if not shapes:
+        raise CheckpointError(f"checkpoint {path} holds no model weights")
+    groups: dict[str, list[str]] = {}
+    for name in shapes:  # read layer by layer: bounded extra memory, and progress to report
+        groups.setdefault(
+            ".".join(name.split(".")[:2]) if name.startswith("layers.") else "", []
+        ).append(name)
+    state: dict[str, torch.Tensor] = {}
+    for i, names in enumerate(groups.values()):
+        part = {n: torch.empty(shapes[n].size, dtype=shapes[n].properties.dtype) for n in names}
+        dcp.load(
+            {"model": part},
+            storage_reader=SafeFileSystemReader(path),
+            planner=SafeLoadPlanner(),
+            no_dist=True,
+        )
+        state.update(part)
+        if progress is not None:
+            progress(i + 1, len(groups))
+    return state
 
 
 def _checkpoint_keys(path: str) -> set[str]:

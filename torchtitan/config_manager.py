@@ -526,8 +526,6 @@ def _check_bounds(cfg: JobConfig) -> None:
 
 # Keys that select features later releases add; setting them today must fail loudly, not be ignored.
 _NOT_YET = {
-    "checkpoint.initial_load_in_hf": True,
-    "checkpoint.last_save_in_hf": True,
     "profiling.enable_profiling": True,
     "profiling.enable_memory_snapshot": True,
     "validation.enable": True,
@@ -546,6 +544,19 @@ def validate(cfg: JobConfig) -> None:
                 f"{dotted}: this feature is not available in this version yet; leave it unset"
             )
     ck = cfg.checkpoint
+    if ck.initial_load_in_hf and not ck.initial_load_path:
+        raise ConfigError(
+            "checkpoint.initial_load_in_hf: needs checkpoint.initial_load_path (a Hugging Face "
+            "model folder with config.json and *.safetensors)"
+        )
+    if ck.initial_load_in_hf and not ck.initial_load_model_only:
+        raise ConfigError(
+            "checkpoint.initial_load_model_only: must be true with initial_load_in_hf (Hugging "
+            "Face folders hold model weights only)"
+        )
+    for key in ("initial_load_path", "last_save_in_hf"):
+        if getattr(ck, key) and not ck.enable:
+            raise ConfigError(f"checkpoint.{key}: needs checkpoint.enable = true")
     if ck.create_seed_checkpoint and not ck.enable:
         raise ConfigError(
             "checkpoint.create_seed_checkpoint: needs checkpoint.enable = true (the seed is "

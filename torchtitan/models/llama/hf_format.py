@@ -75,6 +75,12 @@ def _ours(hf: str) -> str | None:
     return None
 
 
+def _in_model(name: str, args: ModelArgs) -> bool:
+    """A parameter of the whole model (perhaps held by another pipeline stage)."""
+    m = _LAYER_KEY.match(name)
+    return name in _TOP if m is None else int(m.group(1)) < args.n_layers
+
+
 def _to_half_split(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Rows of each head from pairs ``(2i, 2i+1)`` to halves ``(i, i + d/2)``."""
     rows, cols = w.shape
@@ -107,8 +113,9 @@ def to_hf(state: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Te
 def from_hf(
     hf_state: dict[str, torch.Tensor], args: ModelArgs, expected: dict[str, torch.Size]
 ) -> dict[str, torch.Tensor]:
-    """``transformers`` weights as this model's state dict. ``expected``: this model's parameter
-    names and shapes; any name or shape that does not match is listed in one HFFormatError."""
+    """``transformers`` weights as this model's state dict. ``expected``: the names and shapes of
+    the parameters wanted (a pipeline stage's: the other stages' are dropped); any name or shape
+    that does not match is listed in one HFFormatError."""
     state: dict[str, torch.Tensor] = {}
     unexpected = []
     for hf, w in hf_state.items():
@@ -123,7 +130,10 @@ def from_hf(
         if "tok_embeddings.weight" in state:
             state["output.weight"] = state["tok_embeddings.weight"]
     missing = [hf_name(n) for n in expected if n not in state]
-    unexpected += [hf_name(n) for n in state if n not in expected]
+    for name in [n for n in state if n not in expected]:
+        if not _in_model(name, args):
+            unexpected.append(hf_name(name))
+        del state[name]  # another pipeline stage's parameter (or an unexpected one)
     shapes = [
         f"{hf_name(n)} {tuple(state[n].shape)} vs {tuple(s)}"
         for n, s in expected.items()
@@ -175,6 +185,54 @@ def hf_config(
             "original_max_position_embeddings": args.rope_original_max_seq_len,
         }
     return config
+
+
+def args_from_hf_config(config: dict) -> ModelArgs:
+    """This model's hyper-parameters from a ``transformers`` Llama ``config.json``."""
+    try:
+        dim, n_heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        hidden = int(config["intermediate_size"])
+        base = int(2 * 4 * dim / 3)
+        args = ModelArgs(
+            dim=dim,
+            n_layers=int(config["num_hidden_layers"]),
+            n_heads=n_heads,
+            n_kv_heads=int(config.get("num_key_value_heads") or n_heads),
+            vocab_size=int(config["vocab_size"]),
+            # SwiGLU width: rounding 8/3 * dim up to a multiple of `hidden` gives `hidden` itself
+            multiple_of=hidden,
+            ffn_dim_multiplier=None if hidden >= base else hidden / base,
+            norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(config.get("rope_theta", 10000.0)),
+            max_seq_len=int(config.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise HFFormatError(
+            f"config.json is not a Llama config this model can build ({e!r})"
+        ) from e
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type", scaling.get("type")) == "llama3":
+        args.use_scaled_rope = True
+        args.rope_scale_factor = float(scaling["factor"])
+        args.rope_low_freq_factor = float(scaling["low_freq_factor"])
+        args.rope_high_freq_factor = float(scaling["high_freq_factor"])
+        args.rope_original_max_seq_len = int(scaling["original_max_position_embeddings"])
+    if args.ffn_hidden_dim() != hidden or args.head_dim != config.get("head_dim", args.head_dim):
+        raise HFFormatError(
+            f"config.json: intermediate_size {hidden} / head_dim {config.get('head_dim')} "
+            "cannot be expressed by this model's Llama hyper-parameters"
+        )
+    return args
+
+
+def read_config(path: str) -> dict:
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise HFFormatError(f"cannot read {file} ({type(e).__name__}: {e})") from e
 
 
 # ----------------------------------------------------------------------------- files

@@ -1,0 +1,54 @@
+"""DCP checkpoint folder -> Hugging Face Llama folder that ``transformers`` loads.
+
+    python scripts/convert_dcp_to_hf.py CHECKPOINT_DIR OUT_DIR --model llama3 --flavor 8B \\
+        [--tokenizer PATH] [--dtype bfloat16] [--max_shard_gb 5]
+
+CHECKPOINT_DIR is a ``step-N`` folder (any parallel layout wrote it). The vocabulary size is read
+from the checkpoint; the tokenizer (optional) gives config.json its bos / eos ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from _common import progress, run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("out_dir")
+    parser.add_argument("--model", default="llama3")
+    parser.add_argument("--flavor", required=True)
+    parser.add_argument("--tokenizer", default=None)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--max_shard_gb", type=float, default=5.0)
+    a = parser.parse_args()
+
+    import torch
+
+    from torchtitan.checkpoint import read_model_weights
+    from torchtitan.models.llama.hf_format import hf_config, to_hf, write_folder
+    from torchtitan.train_spec import get_model_args
+
+    state = read_model_weights(a.checkpoint, progress=progress("read checkpoint"))
+    vocab = state["tok_embeddings.weight"].shape[0]
+    args = dataclasses.replace(get_model_args(a.model, a.flavor), vocab_size=vocab)
+    dtype = getattr(torch, a.dtype)
+    bos = eos = None
+    if a.tokenizer:
+        from torchtitan.datasets.tokenizer import build_tokenizer
+
+        tok = build_tokenizer(a.tokenizer)
+        bos, eos = tok.bos_id, tok.eos_id
+    hf_state = {k: v.to(dtype) for k, v in to_hf(state, args).items()}
+    files = write_folder(
+        a.out_dir, hf_state, hf_config(args, dtype=dtype, bos_id=bos, eos_id=eos),
+        max_shard_bytes=int(a.max_shard_gb * (1 << 30)),
+    )  # fmt: skip
+    print(f"wrote {a.out_dir}: config.json and {len(files)} safetensors file(s)")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,54 @@
+"""Hugging Face Llama folder -> DCP checkpoint folder (model weights, float32 as stored).
+
+    python scripts/convert_hf_to_dcp.py HF_DIR OUT_DIR
+
+HF_DIR holds config.json and model.safetensors (or shards with model.safetensors.index.json).
+OUT_DIR can then start training (``--checkpoint.initial_load_path OUT_DIR``) or be placed as
+``{dump_folder}/checkpoint/step-0`` (it is marked COMPLETE and model-only, like a seed).
+Training can also read HF_DIR directly: ``--checkpoint.initial_load_in_hf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from _common import progress, run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("hf_dir")
+    parser.add_argument("out_dir")
+    a = parser.parse_args()
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from torchtitan.checkpoint import MARKER
+    from torchtitan.models.llama.hf_format import (
+        args_from_hf_config,
+        from_hf,
+        read_config,
+        read_folder,
+    )
+    from torchtitan.models.llama.model import Transformer
+
+    args = args_from_hf_config(read_config(a.hf_dir))
+    with torch.device("meta"):
+        expected = {
+            k: v.shape for k, v in Transformer(args).state_dict().items() if k != "rope_cache"
+        }
+    progress("read safetensors")(0, 1)
+    state = from_hf(read_folder(a.hf_dir), args, expected)
+    progress("read safetensors")(1, 1)
+    dcp.save({"model": state}, checkpoint_id=a.out_dir, no_dist=True)
+    with open(os.path.join(a.out_dir, MARKER), "w") as f:
+        json.dump({"step": 0, "model_only": True, "world_size": 1}, f)
+    n = sum(t.numel() for t in state.values())
+    print(f"wrote {a.out_dir}: {len(state)} tensors, {n:,} parameters")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,100 @@
+"""Greedy generation from a DCP checkpoint or a Hugging Face export.
+
+    python scripts/generate.py --checkpoint DIR --tokenizer PATH --prompt TEXT \\
+        [--max_new_tokens 32] [--model llama3 --flavor 8B] [--json]
+
+DIR is a ``step-N`` DCP folder (give ``--flavor``) or a folder with ``config.json`` and
+safetensors (an export: the hyper-parameters come from config.json). The prompt is encoded with
+the tokenizer (bos first); generation stops after ``--max_new_tokens`` or at eos. ``--json``
+makes the last stdout line ``{"prompt_ids": [...], "output_ids": [...], "text": "..."}``
+(output_ids: the new tokens only; text: their decoding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+from _common import progress, run
+
+
+def load_model(checkpoint: str, model: str, flavor: str | None):
+    import torch
+
+    from torchtitan.errors import ConfigError
+    from torchtitan.models.llama.hf_format import (
+        args_from_hf_config,
+        from_hf,
+        read_config,
+        read_folder,
+    )
+    from torchtitan.models.llama.model import Transformer
+    from torchtitan.train_spec import get_model_args
+
+    if os.path.isfile(os.path.join(checkpoint, "config.json")):
+        args = args_from_hf_config(read_config(checkpoint))
+        with torch.device("meta"):
+            expected = {k: v.shape for k, v in Transformer(args).state_dict().items()}
+        expected.pop("rope_cache", None)
+        state = from_hf(read_folder(checkpoint), args, expected)
+    else:
+        from torchtitan.checkpoint import read_model_weights
+
+        if flavor is None:
+            raise ConfigError("--flavor: needed for a DCP checkpoint (e.g. --flavor 8B)")
+        state = read_model_weights(checkpoint, progress=progress("read checkpoint"))
+        vocab = state["tok_embeddings.weight"].shape[0]
+        args = dataclasses.replace(get_model_args(model, flavor), vocab_size=vocab)
+    net = Transformer(args)
+    missing, unexpected = net.load_state_dict(state, strict=False)
+    allowed_missing = {"output.weight"} if args.tie_word_embeddings else set()
+    if unexpected or set(missing) - allowed_missing:
+        raise ConfigError(f"--checkpoint: weights do not fit the model ({missing} {unexpected})")
+    return net.float().eval(), args
+
+
+def greedy(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, max_len: int) -> list[int]:
+    import torch
+
+    ids = list(prompt_ids)
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            window = ids[-max_len:]
+            logits = net(torch.tensor([window]))[0, -1]
+            nxt = int(torch.argmax(logits))
+            ids.append(nxt)
+            new.append(nxt)
+            if nxt == eos_id:
+                break
+    return new
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--max_new_tokens", type=int, default=32)
+    parser.add_argument("--model", default="llama3")
+    parser.add_argument("--flavor", default=None)
+    parser.add_argument("--json", action="store_true")
+    a = parser.parse_args()
+
+    from torchtitan.datasets.tokenizer import build_tokenizer
+
+    tok = build_tokenizer(a.tokenizer)
+    net, args = load_model(a.checkpoint, a.model, a.flavor)
+    prompt_ids = tok.encode(a.prompt, bos=True, eos=False)
+    new = greedy(net, prompt_ids, a.max_new_tokens, tok.eos_id, args.max_seq_len)
+    text = tok.decode(new)
+    if a.json:
+        print(json.dumps({"prompt_ids": prompt_ids, "output_ids": new, "text": text}))
+    else:
+        print(a.prompt + text)
+
+
+if __name__ == "__main__":
+    run(main)
