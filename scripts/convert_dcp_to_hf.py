@@ -4,7 +4,8 @@
         [--tokenizer PATH] [--dtype bfloat16] [--max_shard_gb 5]
 
 CHECKPOINT_DIR is a ``step-N`` folder (any parallel layout wrote it). The vocabulary size is read
-from the checkpoint; the tokenizer (optional) gives config.json its bos / eos ids.
+from the checkpoint; the tokenizer (optional) gives config.json its bos / eos ids, and its files
+for ``AutoTokenizer`` are written too.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ def main() -> None:
         a.out_dir, hf_state, hf_config(args, dtype=dtype, bos_id=bos, eos_id=eos),
         max_shard_bytes=int(a.max_shard_gb * (1 << 30)),
     )  # fmt: skip
-    print(f"wrote {a.out_dir}: config.json and {len(files)} safetensors file(s)")
+    if a.tokenizer:
+        from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
+
+        files += write_tokenizer_files(a.out_dir, tok, args.max_seq_len)
+    print(f"wrote {a.out_dir}: config.json, {', '.join(files)}")
 
 
 if __name__ == "__main__":

@@ -236,6 +236,9 @@ def test_greedy_generation_equals_transformers(trained):
     )
     assert from_dcp["output_ids"] == from_hf_export["output_ids"]
 
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(trained / "step-4-hf"))
+    assert hf_tok("def main(")["input_ids"] == from_hf_export["prompt_ids"]
+    assert hf_tok.decode(from_hf_export["output_ids"]) == from_hf_export["text"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(trained / "step-4-hf")).eval()
     prompt = torch.tensor([from_hf_export["prompt_ids"]])
     with torch.no_grad():
@@ -246,3 +249,29 @@ def test_greedy_generation_equals_transformers(trained):
         from_hf_export["output_ids"]
         and from_hf_export["output_ids"] == expected[: len(from_hf_export["output_ids"])]
     )
+
+
+TEXTS = [
+    "def main():\n    return 42  # héllo wörld",
+    "Hello, world! 12345 6789",
+    "emoji 🤖 and 中文字符\n\n\ttabs",
+    "x" * 300,
+    "",
+]
+
+
+@pytest.mark.parametrize("kind", ["tiktoken", "sentencepiece"])
+def test_exported_tokenizer_files_load_in_autotokenizer(tmp_path, kind):
+    from launcher import ROOT
+
+    from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
+    from torchtitan.datasets.tokenizer import build_tokenizer
+
+    ours = build_tokenizer(ROOT / "tests" / "assets" / "tokenizer" / f"{kind}.model")
+    write_tokenizer_files(str(tmp_path), ours, 2048)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    for text in TEXTS:
+        assert hf(text)["input_ids"] == ours.encode(text, bos=True, eos=False), text
+        ids = ours.encode(text, bos=False, eos=False)
+        assert hf.decode(ids) == ours.decode(ids), text
+    assert (hf.bos_token_id, hf.eos_token_id) == (ours.bos_id, ours.eos_id)

@@ -447,7 +447,8 @@ class CheckpointManager:
         logger.info(f"Loaded Hugging Face weights from {path} in {time.perf_counter() - t0:.2f}s")
 
     def export_hf(self, step: int) -> str | None:
-        """``step-{step}-hf``: config.json and safetensors that ``transformers`` loads. Parameters
+        """``step-{step}-hf``: config.json, safetensors and tokenizer files that ``transformers``
+        loads (``AutoModelForCausalLM``, ``AutoTokenizer``). Parameters
         are gathered one at a time onto the CPU of each stage's first rank; with pipeline
         parallelism every stage writes its own file and rank 0 the index."""
         from torchtitan.models.llama.hf_format import INDEX, hf_config, to_hf, write_folder
@@ -475,6 +476,10 @@ class CheckpointManager:
         if self.rank == 0 and os.path.isdir(tmp):
             shutil.rmtree(tmp)
         _barrier()
+        if self.rank == 0 and tok is not None:
+            from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
+
+            write_tokenizer_files(tmp, tok, self.model_args.max_seq_len)
         if self.pp_degree == 1:
             if self.rank == 0:
                 write_folder(tmp, hf_state, config)

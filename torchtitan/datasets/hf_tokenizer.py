@@ -1,0 +1,167 @@
+"""Tokenizer files that ``transformers``' ``AutoTokenizer`` loads, written next to an export.
+
+* Llama 3 (tiktoken BPE): ``tokenizer.json`` in the ``tokenizers`` format: the Llama 3 split
+  regex, byte-level mapping, a BPE model whose vocabulary is the tiktoken ranks and whose merges
+  are every ``(left, right)`` pair of tokens that concatenate to a token, ordered by that token's
+  rank (so the pair merged first is the one tiktoken merges first), then the special tokens and a
+  template that puts ``<|begin_of_text|>`` first.
+* Llama 2 (SentencePiece): the ``tokenizer.model`` file itself, with a ``tokenizer_config.json``
+  naming ``LlamaTokenizer``.
+
+Only the standard library is used: training machines need no ``tokenizers`` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+from torchtitan.datasets.tokenizer import (
+    LLAMA3_SPLIT_PATTERN,
+    SentencePieceTokenizer,
+    TikTokenizer,
+    Tokenizer,
+)
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """The byte-level alphabet of GPT-2 style BPE: printable Latin-1 bytes stand for themselves,
+    the other bytes for the code points from 256 upwards, in byte order."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _tiktoken_json(tok: TikTokenizer) -> dict[str, Any]:
+    from tiktoken.load import load_tiktoken_bpe
+
+    ranks: dict[bytes, int] = load_tiktoken_bpe(tok.path)
+    to_str = byte_to_unicode()
+
+    def text(token: bytes) -> str:
+        return "".join(to_str[b] for b in token)
+
+    merges: list[tuple[int, str]] = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in ranks and right in ranks:
+                merges.append((rank, f"{text(left)} {text(right)}"))
+    merges.sort(key=lambda m: m[0])  # stable: splits of one token keep their order
+    bos = "<|begin_of_text|>"
+    specials = tok.special_tokens
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": i,
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for t, i in sorted(specials.items(), key=lambda kv: kv[1])
+        ],  # fmt: skip
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": LLAMA3_SPLIT_PATTERN},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+                {
+                    "type": "ByteLevel",
+                    "add_prefix_space": False,
+                    "trim_offsets": True,
+                    "use_regex": False,
+                },
+            ],
+        },  # fmt: skip
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [
+                {"SpecialToken": {"id": bos, "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+            ],
+            "pair": [
+                {"SpecialToken": {"id": bos, "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": bos, "type_id": 1}},
+                {"Sequence": {"id": "B", "type_id": 1}},
+            ],
+            "special_tokens": {bos: {"id": bos, "ids": [specials[bos]], "tokens": [bos]}},
+        },  # fmt: skip
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },  # fmt: skip
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": True,  # a piece that is a token is that token, as in tiktoken
+            "vocab": {text(t): r for t, r in ranks.items()},
+            "merges": [m for _, m in merges],
+        },
+    }
+
+
+def write_tokenizer_files(path: str, tok: Tokenizer, model_max_length: int) -> list[str]:
+    """Write the files ``AutoTokenizer.from_pretrained(path)`` needs; returns their names."""
+    os.makedirs(path, exist_ok=True)
+    if isinstance(tok, TikTokenizer):
+        with open(os.path.join(path, "tokenizer.json"), "w") as f:
+            json.dump(_tiktoken_json(tok), f, ensure_ascii=False)
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<|begin_of_text|>",
+            "eos_token": "<|end_of_text|>",
+            "model_max_length": model_max_length,
+            "clean_up_tokenization_spaces": False,
+            "model_input_names": ["input_ids", "attention_mask"],
+        }
+        files = ["tokenizer.json"]
+    elif isinstance(tok, SentencePieceTokenizer):
+        shutil.copyfile(tok.path, os.path.join(path, "tokenizer.model"))
+        sp = tok._model
+        config = {
+            "tokenizer_class": "LlamaTokenizer",
+            "bos_token": sp.id_to_piece(tok.bos_id),
+            "eos_token": sp.id_to_piece(tok.eos_id),
+            "unk_token": sp.id_to_piece(sp.unk_id()),
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "model_max_length": model_max_length,
+            "clean_up_tokenization_spaces": False,
+            "legacy": True,
+        }
+        files = ["tokenizer.model"]
+    else:
+        raise TypeError(f"no Hugging Face tokenizer files for {type(tok).__name__}")
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return [*files, "tokenizer_config.json"]
