@@ -35,10 +35,29 @@ def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
     """Create the default process group when launched by torchrun (WORLD_SIZE set)."""
     if "RANK" not in os.environ or dist.is_initialized():
         return
+    kwargs = {}
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart != "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # After torchrun restarts the workers, the agent's store still holds the previous
+        # attempt's process-group keys, and gloo then connects to dead peers' addresses (seen
+        # with torch 2.13: "Connection refused" or a hang). Keys of this attempt get their own
+        # prefix.
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        kwargs = {
+            "store": dist.PrefixStore(f"torchtitan/attempt_{restart}", store),
+            "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"]),
+        }
     dist.init_process_group(
         backend=dist_backend,
         timeout=timedelta(seconds=timeout_s),
         device_id=device if device_type == "cuda" else None,
+        **kwargs,
     )
 
 
