@@ -112,6 +112,21 @@ def test_incomplete_damaged_and_old_checkpoints(tmp_path, unbroken):
     resumed = tensorboard_scalars_all_runs(tmp_path / "out")
     for step in range(11, 21):
         assert abs(resumed[step] - unbroken[step]) <= 1e-6, (step, resumed[step], unbroken[step])
+    # the damaged one is kept aside for inspection; this run wrote its own step 15
+    assert (folder / "step-15.unloadable").is_dir()
+    assert [(c.step, c.complete) for c in scan(str(folder))] == [(10, True), (15, True), (20, True)]
+
+    # going back with load_step sets the later checkpoints aside, so that the next auto-resume
+    # continues this history (step 12), not the one it left (step 20)
+    out = _train(tmp_path, 12, *ONE_PROCESS, "--checkpoint.load_step", "10")
+    assert "(step 10)" in out.stdout and "step-20.superseded" in out.stdout
+    assert [c.step for c in scan(str(folder))] == [10, 12]
+    assert (folder / "step-15.superseded").is_dir() and (folder / "step-20.superseded").is_dir()
+    out = _train(tmp_path, 14, *ONE_PROCESS)
+    assert "(step 12)" in out.stdout
+    resumed = tensorboard_scalars_all_runs(tmp_path / "out")
+    for step in range(11, 15):
+        assert abs(resumed[step] - unbroken[step]) <= 1e-6, (step, resumed[step], unbroken[step])
 
 
 @pytest.mark.slow
@@ -309,6 +324,41 @@ def test_model_only_saves_are_exports_not_resume_points(tmp_path):
     assert (found.step, found.complete, found.model_only) == (5, True, True)
     weights = read_model_weights(found.path)
     assert {w.dtype for w in weights.values()} == {torch.bfloat16}
-    out = _train(tmp_path, 2, *ONE_PROCESS)
+    # a fresh start over it: the old export is set aside, not overwritten by this run's step 5;
+    # retention counts each kind on its own, so the model-only step 10 leaves step 5 resumable
+    out = _train(tmp_path, 10, *ONE_PROCESS, "--checkpoint.keep_latest_k", "1",
+                 "--checkpoint.last_save_model_only")  # fmt: skip
     assert "holds model weights only: not a resume point" in out.stdout
     assert "Loaded" not in out.stdout and "step: 1 " in out.stdout
+    assert (_folder(tmp_path) / "step-5.superseded").is_dir()
+    assert [(c.step, c.model_only) for c in scan(str(_folder(tmp_path)))] == [
+        (5, False),
+        (10, True),
+    ]
+
+
+@pytest.mark.slow
+def test_ranks_agree_on_falling_back_past_a_checkpoint_one_stage_cannot_load(tmp_path, unbroken):
+    """Under PP each rank checks only its own stage's parameters. When the newest checkpoint
+    lacks the last stage's layers, every rank must fall back together: before the ranks agreed,
+    stage 1 went on to step 5 while stage 0 loaded step 10, and their collectives hung."""
+    import pickle
+
+    _train(tmp_path, 10, *ONE_PROCESS)
+    metadata = _folder(tmp_path) / "step-10" / ".metadata"
+    with open(metadata, "rb") as f:
+        meta = pickle.load(f)  # our own file, just written
+    last = [k for k in meta.state_dict_metadata if k.startswith("model.layers.5.")]
+    assert last
+    for k in last:
+        del meta.state_dict_metadata[k]
+    metadata.write_bytes(pickle.dumps(meta))
+    out = launch(tmp_path, *COMMON, "--training.steps", "12", "--training.local_batch_size", "8",
+                 "--parallelism.pipeline_parallel_degree", "2",
+                 "--parallelism.pipeline_parallel_microbatch_size", "4", ngpu=2, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"checkpoint {_folder(tmp_path) / 'step-10'} lacks {len(last)} parameters" in out.stdout
+    assert "falling back to the checkpoint before it" in out.stdout and "(step 5)" in out.stdout
+    resumed = tensorboard_scalars_all_runs(tmp_path / "out")
+    for step in range(6, 13):
+        assert abs(resumed[step] - unbroken[step]) <= 1e-4, (step, resumed[step], unbroken[step])

@@ -257,9 +257,13 @@ class CheckpointManager:
         # step computes; only the optimizer step has to wait for that copy
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+        cuda = torch.cuda.is_available()
         if self._stager is None:
-            cuda = torch.cuda.is_available()
             self._stager = DefaultStager(StagingOptions(cuda, False, True, cuda))
+        if cuda:
+            # the stager copies on its own CUDA stream: the work queued on the training stream
+            # (the last optimizer step, an export cast) must have finished before it reads
+            torch.cuda.current_stream().synchronize()
         response = dcp.async_save(
             state, storage_writer=writer, process_group=self._pg, async_stager=self._stager
         )
@@ -304,9 +308,16 @@ class CheckpointManager:
         )
 
     def _finish(self, path: str, step: int, model_only: bool) -> None:
-        if self.rank == 0:  # rank 0's save returns after every rank's data and the metadata
+        if self.rank != 0:  # rank 0's save returns after every rank's data and the metadata
+            return
+        try:
             self._mark_complete(path, step, model_only)
-            self._purge()
+            self._purge(keep=path)
+        except OSError as e:  # only rank 0 is here: raising would leave the others waiting
+            logger.error(
+                f"Checkpoint {path} could not be marked complete ({e}); it stays unmarked and "
+                "will be removed at the next start"
+            )
 
     def close(self) -> None:
         """End of training: the last background save is finished and marked."""
@@ -333,14 +344,21 @@ class CheckpointManager:
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(path, MARKER))
 
-    def _purge(self) -> None:
-        """Keep the newest ``keep_latest_k`` complete checkpoints (0: all)."""
+    def _purge(self, keep: str) -> None:
+        """Keep the newest ``keep_latest_k`` complete checkpoints of each kind (resumable, and
+        model weights only), and always ``keep``, the one just written (0: keep all)."""
         k = self.cfg.keep_latest_k
+        if k <= 0:
+            return
         complete = [c for c in scan(self.folder) if c.complete]
-        if k > 0 and len(complete) > k:
-            for old in complete[:-k]:
+        for model_only in (False, True):
+            same_kind = [c for c in complete if c.model_only == model_only]
+            for old in same_kind[:-k]:
+                if os.path.abspath(old.path) == os.path.abspath(keep):
+                    continue
                 shutil.rmtree(old.path, ignore_errors=True)
-                logger.info(f"Removed checkpoint {old.path} (keeping the newest {k})")
+                kind = "model-only" if model_only else "resumable"
+                logger.info(f"Removed checkpoint {old.path} (keeping the newest {k} {kind} ones)")
 
     # ---- loading
 
@@ -357,18 +375,17 @@ class CheckpointManager:
         _barrier()
         complete = [c for c in found if c.complete]
         if self.cfg.load_step != -1:
-            return self._load_requested(complete)
-        candidates = [c for c in complete if not c.model_only or c.step == 0]
-        for skipped in [c for c in complete if c not in candidates]:
-            logger.info(f"Checkpoint {skipped.path} holds model weights only: not a resume point")
-        for i, c in enumerate(reversed(candidates)):
-            try:
-                self._load(c.path, model_only=c.model_only, step=c.step)
-                return True
-            except CheckpointError as e:
-                if i + 1 == len(candidates):
-                    raise
-                logger.warning(f"{e}; falling back to the checkpoint before it")
+            candidates = [self._requested(complete)]
+        else:
+            candidates = [c for c in complete if not c.model_only or c.step == 0]
+            for skipped in [c for c in complete if c not in candidates]:
+                logger.info(
+                    f"Checkpoint {skipped.path} holds model weights only: not a resume point"
+                )
+        loaded, failed = self._load_newest(candidates)
+        self._set_aside_newer(complete, loaded.step if loaded else 0, failed)
+        if loaded is not None:
+            return True
         if self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
             self._load_hf(self.cfg.initial_load_path)
             return True
@@ -383,7 +400,7 @@ class CheckpointManager:
             return True
         return False
 
-    def _load_requested(self, complete: list[Found]) -> bool:
+    def _requested(self, complete: list[Found]) -> Found:
         step = self.cfg.load_step
         match = [c for c in complete if c.step == step]
         if not match:
@@ -392,19 +409,62 @@ class CheckpointManager:
                 f"checkpoint.load_step: no complete checkpoint for step {step} in {self.folder} "
                 f"(complete steps: {have})"
             )
-        self._load(match[0].path, model_only=match[0].model_only, step=step)
-        return True
+        return match[0]
+
+    def _load_newest(self, candidates: list[Found]) -> tuple[Found | None, list[Found]]:
+        """Load the newest candidate that loads, falling back past damaged ones; returns it (None
+        when there are no candidates) and the ones that failed. Every rank takes the same path:
+        ``_load`` fails on all ranks or on none."""
+        failed: list[Found] = []
+        for c in reversed(candidates):
+            try:
+                self._load(c.path, model_only=c.model_only, step=c.step)
+            except CheckpointError as e:
+                failed.append(c)
+                if c is candidates[0]:
+                    raise
+                logger.warning(f"{e}; falling back to the checkpoint before it")
+                continue
+            if failed and c.model_only:
+                # the failed load may have written part of the optimizer state in place; this
+                # start from weights only must begin with none, like a fresh run
+                self.objects["optimizer"].reset_state()
+            return c, failed
+        return None, failed
+
+    def _set_aside_newer(self, complete: list[Found], start: int, failed: list[Found]) -> None:
+        """This run continues from step ``start``; complete checkpoints of later steps belong to
+        another history (a ``load_step`` resume, a fall-back past a damaged one, a fresh start over
+        old model-only saves). They are renamed, never deleted, so that the next auto-resume and
+        retention only ever see this run's own history."""
+        if self.rank == 0:
+            for c in (c for c in complete if c.step > start):
+                suffix = "unloadable" if c in failed else "superseded"
+                dest = f"{c.path}.{suffix}"
+                if os.path.exists(dest):
+                    dest = f"{dest}-{time.strftime('%Y%m%d-%H%M%S')}"
+                os.replace(c.path, dest)
+                logger.warning(
+                    f"Moved {c.path} to {dest}: this run continues from step {start}, so later "
+                    "checkpoints in the folder are no longer part of its history"
+                )
+        _barrier()
 
     def _load(self, path: str, model_only: bool, step: int | None) -> None:
         keys = ("model",) if model_only else STATE_KEYS
         keys = tuple(k for k in keys if k not in self.cfg.exclude_from_loading)
-        available = _checkpoint_keys(path)
         state = {k: self.objects[k].state_dict() for k in keys}
-        rng_prefix = f"rng.{self.objects['rng'].key}."
-        if "rng" in state and not any(k.startswith(rng_prefix) for k in available):
-            logger.info(f"{path}: no RNG state for this rank (saved by another world size)")
-            del state["rng"]
-        _check_model_keys(path, state.get("model", {}), available)
+        error = None
+        try:
+            available = _checkpoint_keys(path)
+            rng_prefix = f"rng.{self.objects['rng'].key}."
+            if "rng" in state and not any(k.startswith(rng_prefix) for k in available):
+                logger.info(f"{path}: no RNG state for this rank (saved by another world size)")
+                del state["rng"]
+            _check_model_keys(path, state.get("model", {}), available)
+        except CheckpointError as e:  # e.g. a pipeline stage whose layers the checkpoint lacks
+            error = str(e)
+        _agree(error)  # every rank loads, or every rank raises the same error
         t0 = time.perf_counter()
         try:
             dcp.load(
@@ -473,37 +533,47 @@ class CheckpointManager:
             bos_id=getattr(tok, "bos_id", None),
             eos_id=getattr(tok, "eos_id", None),
         )
-        if self.rank == 0 and os.path.isdir(tmp):
-            shutil.rmtree(tmp)
-        _barrier()
-        if self.rank == 0 and tok is not None:
-            from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
+        # Writing can fail on one rank only (a full disk): each step ends in _agree, so every
+        # rank stops with the same error instead of the others waiting at a barrier.
+        _agree(_attempt(lambda: self.rank == 0 and os.path.isdir(tmp) and shutil.rmtree(tmp)))
 
-            write_tokenizer_files(tmp, tok, self.model_args.max_seq_len)
-        if self.pp_degree == 1:
-            if self.rank == 0:
+        def write() -> None:
+            if self.rank == 0 and tok is not None:
+                from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
+
+                write_tokenizer_files(tmp, tok, self.model_args.max_seq_len)
+            if self.pp_degree == 1 and self.rank == 0:
                 write_folder(tmp, hf_state, config)
-        else:
-            from safetensors.torch import save_file
+            elif self.pp_degree > 1 and self.stage_writer:
+                from safetensors.torch import save_file
 
-            name = f"model-{self.pp_rank + 1:05d}-of-{self.pp_degree:05d}.safetensors"
-            if self.stage_writer:
                 os.makedirs(tmp, exist_ok=True)
-                save_file(hf_state, os.path.join(tmp, name), metadata={"format": "pt"})
+                save_file(hf_state, os.path.join(tmp, stage_file), metadata={"format": "pt"})
+
+        stage_file = f"model-{self.pp_rank + 1:05d}-of-{self.pp_degree:05d}.safetensors"
+        _agree(_attempt(write))
+        if self.pp_degree > 1:
             keys: list[Any] = [None] * self.world_size
-            dist.all_gather_object(keys, {k: name for k in hf_state} if self.stage_writer else {})
+            mine = {k: stage_file for k in hf_state} if self.stage_writer else {}
+            dist.all_gather_object(keys, mine)
+            weight_map = {k: v for d in keys for k, v in d.items()}
+
+            def write_index() -> None:
+                if self.rank == 0:
+                    with open(os.path.join(tmp, INDEX), "w") as f:
+                        json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+                    with open(os.path.join(tmp, "config.json"), "w") as f:
+                        json.dump(config, f, indent=2)
+
+            _agree(_attempt(write_index))
+
+        def publish() -> None:  # the export appears whole or not at all
             if self.rank == 0:
-                weight_map = {k: v for d in keys for k, v in d.items()}
-                with open(os.path.join(tmp, INDEX), "w") as f:
-                    json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
-                with open(os.path.join(tmp, "config.json"), "w") as f:
-                    json.dump(config, f, indent=2)
-        _barrier()
-        if self.rank == 0:
-            if os.path.isdir(final):
-                shutil.rmtree(final)
-            os.replace(tmp, final)  # the export appears whole or not at all
-        _barrier()
+                if os.path.isdir(final):
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+
+        _agree(_attempt(publish))
         logger.info(f"Exported Hugging Face weights to {final} in {time.perf_counter() - t0:.2f}s")
         return final
 
@@ -657,3 +727,23 @@ def _first_line(e: BaseException) -> str:
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def _attempt(fn: Any) -> str | None:
+    """Run ``fn``; the one-line description of the OSError it raised, else None."""
+    try:
+        fn()
+    except OSError as e:
+        return f"Hugging Face export failed: {e}"
+    return None
+
+
+def _agree(error: str | None) -> None:
+    """A collective in place of a barrier: if any rank found ``error``, every rank raises it
+    (the first rank's), so that no rank goes on alone to a collective the others never reach."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        error = next((e for e in errors if e), None)
+    if error:
+        raise CheckpointError(error)

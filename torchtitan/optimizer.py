@@ -61,6 +61,11 @@ class Optimizers:
         for opt in self.optimizers:
             opt.zero_grad()
 
+    def reset_state(self) -> None:
+        """Forget every moment estimate and step count, as if freshly built."""
+        for opt in self.optimizers:
+            opt.state.clear()
+
     def state_dict(self) -> dict[str, Any]:
         """Flat ``{"state.<fqn>.<name>": tensor, "param_groups.<fqn>.<key>": value}`` of all parts."""
         state: dict[str, Any] = {}

@@ -186,13 +186,16 @@ class _AllGatherAttention(torch.autograd.Function):
                 pieces.append((slice(0, chunk * c), False))
             dq_c = None
             for (keys_at, causal), extra in zip(pieces, ctx.extras[slot]):
+                # The fused backward kernels read out/lse/dout by raw pointer and assume the
+                # dense layout their forward wrote: a sequence slice of lse [B, H, L] is strided
+                # and would be read wrongly on CUDA, so every slice is made contiguous.
                 g_q, g_k, g_v = _attention_backward(
-                    dout[:, :, mine],
-                    q[:, :, mine],
-                    keys[:, :, keys_at],
-                    values[:, :, keys_at],
-                    out[:, :, mine],
-                    lse[:, :, mine],
+                    dout[:, :, mine].contiguous(),
+                    q[:, :, mine].contiguous(),
+                    keys[:, :, keys_at].contiguous(),
+                    values[:, :, keys_at].contiguous(),
+                    out[:, :, mine].contiguous(),
+                    lse[:, :, mine].contiguous(),
                     causal,
                     extra,
                 )
