@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
-# Train on this machine: ./run_llama_train.sh [--section.key value ...]
-#   NGPU         processes to start (default: the number of GPUs, or 1 on a machine without one;
-#                on CPU each process is a CPU worker using gloo)
+# Train: ./run_llama_train.sh [--section.key value ...]   (the same script on every node or pod)
+#
+# Where it runs is read from the environment, first match wins (docs/launching.md):
+#   Kubeflow PyTorchJob / Run:ai, newer operators: PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR,
+#                PET_MASTER_PORT (and PET_NPROC_PER_NODE) -- torchrun's own variables
+#   explicit multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (default 29500)
+#   Kubeflow PyTorchJob, older operators: MASTER_ADDR, MASTER_PORT, WORLD_SIZE (= pods) and
+#                RANK (= pod index: master 0, workers 1..)
+#   otherwise: this machine alone (torchrun --standalone, a free port)
+# Several nodes meet in torchrun's c10d rendezvous at MASTER_ADDR:MASTER_PORT, hosted by node 0.
+#
+#   NGPU         processes per node (default: PET_NPROC_PER_NODE if a number, else the number of
+#                GPUs, or 1 on a machine without one; on CPU each process is a gloo CPU worker)
 #   CONFIG_FILE  TOML config (default: train_configs/debug_model.toml)
-#   LOG_RANK     comma-separated ranks whose output is shown (default: 0)
+#   LOG_RANK     comma-separated local ranks whose output is shown (default: 0)
 #   MAX_RESTARTS times torchrun restarts all workers after one fails (default: 0); with
 #                checkpoint.enable they resume from the newest complete checkpoint
+#   RDZV_ID      rendezvous id shared by the nodes of one job (default: SLURM_JOB_ID, else torchtitan)
 #   PYTHON       Python interpreter (default: the active virtual environment's, else this
 #                checkout's .venv if it has one, else python3)
+#   DRY_RUN=1    print the resolved launch and torchrun command, and exit
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+fail() { echo "error: $*" >&2; exit 2; }
+is_count() { [[ "$1" =~ ^[0-9]+$ ]]; }
+
 if [ -z "${PYTHON:-}" ]; then
   if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
     PYTHON="$VIRTUAL_ENV/bin/python"
@@ -21,16 +36,52 @@ if [ -z "${PYTHON:-}" ]; then
     command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python
   fi
 fi
+
+# ---- where: nodes, this node's rank, the rendezvous address
+launch=local nnodes=1 node_rank=0 addr="" port=""
+if [ -n "${PET_NNODES:-}" ]; then
+  launch="Kubeflow (PET_* variables)"
+  nnodes=$PET_NNODES node_rank=${PET_NODE_RANK:-${RANK:-}}
+  addr=${PET_MASTER_ADDR:-${MASTER_ADDR:-}} port=${PET_MASTER_PORT:-${MASTER_PORT:-23456}}
+  what_nodes=PET_NNODES what_rank=PET_NODE_RANK what_addr=PET_MASTER_ADDR
+elif [ -n "${NNODES:-}" ]; then
+  launch="multi-node (NNODES)"
+  nnodes=$NNODES node_rank=${NODE_RANK:-} addr=${MASTER_ADDR:-} port=${MASTER_PORT:-29500}
+  what_nodes=NNODES what_rank=NODE_RANK what_addr=MASTER_ADDR
+elif [ -n "${MASTER_ADDR:-}" ] && [ -n "${WORLD_SIZE:-}" ] && [ -n "${RANK:-}" ]; then
+  launch="Kubeflow (WORLD_SIZE pods, RANK pod index)"
+  nnodes=$WORLD_SIZE node_rank=$RANK addr=$MASTER_ADDR port=${MASTER_PORT:-23456}
+  what_nodes=WORLD_SIZE what_rank=RANK what_addr=MASTER_ADDR
+fi
+if [ "$launch" != local ]; then
+  is_count "$nnodes" && [ "$nnodes" -ge 1 ] ||
+    fail "$what_nodes=$nnodes: the number of nodes must be a positive integer"
+  is_count "$node_rank" && [ "$node_rank" -lt "$nnodes" ] ||
+    fail "$what_rank=${node_rank:-<unset>}: this node's rank must be an integer in 0..$((nnodes - 1)) ($what_nodes=$nnodes)"
+  [ "$nnodes" -eq 1 ] || [ -n "$addr" ] ||
+    fail "$what_addr is not set: the nodes need node 0's address to meet"
+  is_count "$port" && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] ||
+    fail "MASTER_PORT=$port: must be a TCP port number (1..65535)"
+fi
+
+# ---- how many processes on this node
+if [ -z "${NGPU:-}" ] && is_count "${PET_NPROC_PER_NODE:-}"; then
+  NGPU=$PET_NPROC_PER_NODE
+fi
+gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
 if [ -z "${NGPU:-}" ]; then
-  NGPU=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+  NGPU=$gpus
   [ "$NGPU" -ge 1 ] 2>/dev/null || NGPU=1
 fi
+is_count "$NGPU" && [ "$NGPU" -ge 1 ] || fail "NGPU=$NGPU: processes per node must be a positive integer"
+world_size=$((nnodes * NGPU))
+
 CONFIG_FILE="${CONFIG_FILE:-$here/train_configs/debug_model.toml}"
 LOG_RANK="${LOG_RANK:-0}"
 MAX_RESTARTS="${MAX_RESTARTS:-0}"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 # torchrun would set OMP_NUM_THREADS=1; CPU workers instead share the cores (a value you set wins).
-if [ -z "${OMP_NUM_THREADS:-}" ] && ! nvidia-smi -L >/dev/null 2>&1; then
+if [ -z "${OMP_NUM_THREADS:-}" ] && [ "$gpus" -eq 0 ] 2>/dev/null; then
   cores=$(nproc 2>/dev/null || echo 1)
   OMP_NUM_THREADS=$(( cores / NGPU > 0 ? cores / NGPU : 1 ))
   export OMP_NUM_THREADS
@@ -40,13 +91,26 @@ case " $* " in
   *" --help "* | *" -h "*) exec "$PYTHON" "$here/train.py" --help ;;
 esac
 
-# Check the configuration once, before any worker starts: one clear line and exit code 2 if bad.
-"$PYTHON" -m torchtitan.preflight --world-size "$NGPU" --job.config_file "$CONFIG_FILE" "$@" || exit $?
-
-cmd=("$PYTHON" -m torch.distributed.run --standalone --nnodes=1 --nproc-per-node="$NGPU"
+if [ "$launch" = local ] || [ "$nnodes" -eq 1 ]; then
+  where=(--standalone --nnodes=1)
+  rendezvous="standalone (a free local port)"
+else
+  # c10d rendezvous: node 0 hosts the store (said outright: MASTER_ADDR may be a name that
+  # torchrun cannot match to this machine, such as a Kubernetes service)
+  where=(--nnodes="$nnodes" --rdzv-backend=c10d --rdzv-endpoint="$addr:$port"
+         --rdzv-id="${RDZV_ID:-${SLURM_JOB_ID:-torchtitan}}"
+         --rdzv-conf="is_host=$([ "$node_rank" -eq 0 ] && echo 1 || echo 0)")
+  rendezvous="c10d at $addr:$port"
+fi
+cmd=("$PYTHON" -m torch.distributed.run "${where[@]}" --nproc-per-node="$NGPU"
      --max-restarts="$MAX_RESTARTS" --local-ranks-filter "$LOG_RANK" --role rank --tee 3
      "$here/train.py" --job.config_file "$CONFIG_FILE" "$@")
+echo "launch: $launch: nnodes=$nnodes node_rank=$node_rank nproc_per_node=$NGPU world_size=$world_size rendezvous=$rendezvous"
 echo "+ ${cmd[*]}"
+[ "${DRY_RUN:-0}" = 0 ] || exit 0
+
+# Check the configuration once, before any worker starts: one clear line and exit code 2 if bad.
+"$PYTHON" -m torchtitan.preflight --world-size "$world_size" --job.config_file "$CONFIG_FILE" "$@" || exit $?
 
 # Workers that stop on a user error (bad data, an unreachable dataset) write one line to this file;
 # torchrun's own failure report (a Python traceback) is then replaced by that line and exit code.

@@ -16,17 +16,23 @@ def launch(
     tmp_path: Path, *args: str, ngpu: int = 1, timeout: int = 600
 ) -> subprocess.CompletedProcess:
     """``NGPU=ngpu ./run_llama_train.sh --job.dump_folder tmp_path/out args``, offline, on CPU."""
+    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
+    env = train_env(tmp_path, NGPU=str(ngpu))
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def train_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment of a test run: offline, caches under ``tmp_path``, this Python."""
     env = dict(os.environ)
     env.update(
-        NGPU=str(ngpu),
         TORCHTITAN_CACHE=str(tmp_path / "cache"),
         HF_DATASETS_CACHE=str(tmp_path / "hf"),
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
         PYTHON=sys.executable,
     )
-    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    env.update(extra)
+    return env
 
 
 def console_losses(stdout: str) -> dict[int, float]:
