@@ -9,6 +9,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# A short FSDP-4 training that the launching tests run on one host and spread over two.
+FOUR_WORKER_ARGS = [
+    "--training.steps", "4",
+    "--training.seq_len", "64",
+    "--training.global_batch_size", "8",
+    "--training.local_batch_size", "2",
+    "--metrics.log_freq", "1",
+    "--debug.seed", "42",
+    "--debug.deterministic",
+]  # fmt: skip
 STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
 

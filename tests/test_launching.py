@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launcher import ROOT, launch, tensorboard_scalars, train_env
+from launcher import FOUR_WORKER_ARGS, ROOT, tensorboard_scalars, train_env
 
 SCRIPT = str(ROOT / "run_llama_train.sh")
 
@@ -97,15 +97,6 @@ def test_bad_launch_variables_are_one_line_errors(env, error):
 # ----------------------------------------------------------------------------- two hosts
 
 SUBNET = "10.231.7"
-RUN_ARGS = [
-    "--training.steps", "4",
-    "--training.seq_len", "64",
-    "--training.global_batch_size", "8",
-    "--training.local_batch_size", "2",
-    "--metrics.log_freq", "1",
-    "--debug.seed", "42",
-    "--debug.deterministic",
-]  # fmt: skip
 
 
 def _root_with_netns() -> str | None:
@@ -178,7 +169,7 @@ def _run_on_two_hosts(
         env["NGPU"] = "2"
         as_host = ["ip", "netns", "exec", host, "unshare", "--uts", "sh", "-c",
                    'hostname "$0" && exec "$@"', _hostname(host)]  # fmt: skip
-        cmd = [*as_host, SCRIPT, "--job.dump_folder", str(tmp_path / "out"), *RUN_ARGS]
+        cmd = [*as_host, SCRIPT, "--job.dump_folder", str(tmp_path / "out"), *FOUR_WORKER_ARGS]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True))  # fmt: skip
     outputs = []
@@ -192,15 +183,6 @@ def _run_on_two_hosts(
     for proc, output in zip(procs, outputs):
         assert proc.returncode == 0, output[-4000:]
     return outputs
-
-
-@pytest.fixture(scope="module")
-def one_host_losses(tmp_path_factory) -> dict[int, float]:
-    """The same training as 4 processes on one machine."""
-    tmp = tmp_path_factory.mktemp("one_host")
-    out = launch(tmp, *RUN_ARGS, ngpu=4)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return tensorboard_scalars(tmp / "out")
 
 
 @pytest.mark.slow
