@@ -105,12 +105,18 @@ fi
 cmd=("$PYTHON" -m torch.distributed.run "${where[@]}" --nproc-per-node="$NGPU"
      --max-restarts="$MAX_RESTARTS" --local-ranks-filter "$LOG_RANK" --role rank --tee 3
      "$here/train.py" --job.config_file "$CONFIG_FILE" "$@")
-echo "launch: $launch: nnodes=$nnodes node_rank=$node_rank nproc_per_node=$NGPU world_size=$world_size rendezvous=$rendezvous"
-echo "+ ${cmd[*]}"
-[ "${DRY_RUN:-0}" = 0 ] || exit 0
+show_launch() {
+  echo "launch: $launch: nnodes=$nnodes node_rank=$node_rank nproc_per_node=$NGPU world_size=$world_size rendezvous=$rendezvous"
+  echo "+ ${cmd[*]}"
+}
+if [ "${DRY_RUN:-0}" != 0 ]; then
+  show_launch
+  exit 0
+fi
 
 # Check the configuration once, before any worker starts: one clear line and exit code 2 if bad.
 "$PYTHON" -m torchtitan.preflight --world-size "$world_size" --job.config_file "$CONFIG_FILE" "$@" || exit $?
+show_launch
 
 # Workers that stop on a user error (bad data, an unreachable dataset) write one line to this file;
 # torchrun's own failure report (a Python traceback) is then replaced by that line and exit code.
