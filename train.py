@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torchtitan import float8, utils
 from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.config_manager import JobConfig, help_text, parse_args
-from torchtitan.errors import ConfigError, TorchTitanError
+from torchtitan.errors import ConfigError, TorchTitanError, TrainingDiverged
 from torchtitan.float8 import apply_converters
 from torchtitan.log import init_logger, logger
 from torchtitan.metrics import MetricsProcessor, tb_run_dir
@@ -169,6 +169,7 @@ def train(job_config: JobConfig) -> None:
                 )
             loss_sum += utils.full_tensor(loss.detach())  # a vocab-parallel loss is a DTensor
         grad_norm = utils.clip_grad_norm_(params, t.max_norm, pp_group=pp_group)
+        _stop_if_diverged(step, loss_sum, grad_norm, checkpointer)
         checkpointer.wait_for_staging()  # a background save's copy of the weights, if one runs
         optimizer.step()
         float8.after_optimizer_step(model_parts, job_config)
@@ -242,6 +243,24 @@ def _autocast(job_config: JobConfig, dims) -> contextlib.AbstractContextManager:
     if utils.device_type == "cuda" and dtype != torch.float32 and not dims.fsdp_enabled:
         return torch.autocast("cuda", dtype=dtype)
     return contextlib.nullcontext()
+
+
+def _stop_if_diverged(step: int, loss: torch.Tensor, grad_norm: torch.Tensor, checkpointer) -> None:
+    """A non-finite loss (on any rank) or gradient norm stops training before the optimizer
+    step, so nothing from this step on is saved. Costs one tiny all-reduce and one host sync."""
+    bad = (~torch.isfinite(torch.stack([loss.float(), grad_norm.float()]))).any().float()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if not bad.item():
+        return
+    checkpointer.close()  # a background save of an earlier, good step is finished and marked
+    newest = checkpointer.newest_complete()
+    raise TrainingDiverged(
+        f"step {step}: not finite: loss {float(loss):.6g} (this rank), gradient norm "
+        f"{float(grad_norm):.6g}; training stopped before this step's optimizer step and nothing "
+        f"from it on is saved (newest checkpoint: {newest or 'none'}). Lower optimizer.lr or "
+        "raise lr_scheduler.warmup_steps, then resume"
+    )
 
 
 def _mean_over(value: torch.Tensor, mesh) -> float:

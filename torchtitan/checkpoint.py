@@ -360,6 +360,11 @@ class CheckpointManager:
                 kind = "model-only" if model_only else "resumable"
                 logger.info(f"Removed checkpoint {old.path} (keeping the newest {k} {kind} ones)")
 
+    def newest_complete(self) -> str | None:
+        """The newest complete checkpoint in the folder (None if none or disabled)."""
+        complete = [c for c in scan(self.folder) if c.complete] if self.enabled else []
+        return complete[-1].path if complete else None
+
     # ---- loading
 
     def load(self) -> bool:

@@ -17,3 +17,9 @@ class DataError(TorchTitanError):
     """Bad training data found while reading it (a row without the text field, say)."""
 
     exit_code = 1
+
+
+class TrainingDiverged(TorchTitanError):
+    """A non-finite loss or gradient norm: training stopped before that step's optimizer step."""
+
+    exit_code = 3
