@@ -69,12 +69,6 @@ def tensorboard_scalars(dump_folder: Path, tag: str = "loss") -> dict[int, float
 def tensorboard_scalars_all_runs(dump_folder: Path, tag: str = "loss") -> dict[int, float]:
     """``{step: value}`` over every TensorBoard run under ``dump_folder/tb`` (a resumed job
     writes a new run), later runs overriding earlier ones."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torchtitan.tb_events import read_scalars
 
-    merged: dict[int, float] = {}
-    for run in sorted((dump_folder / "tb").iterdir()):
-        acc = EventAccumulator(str(run))
-        acc.Reload()
-        if tag in acc.Tags().get("scalars", []):
-            merged.update({e.step: e.value for e in acc.Scalars(tag)})
-    return merged
+    return read_scalars(dump_folder, tag)
