@@ -27,6 +27,7 @@ from torchtitan.parallelisms.context_parallel import shard_sequence
 from torchtitan.parallelisms.init import layout_invariant_init
 from torchtitan.parallelisms.parallelize_llama import loss_context, param_dtype
 from torchtitan.preflight import check
+from torchtitan.profiling import profiled_steps
 
 
 def train(job_config: JobConfig) -> None:
@@ -144,44 +145,46 @@ def train(job_config: JobConfig) -> None:
     data_iter = iter(dataloader)
     params = [p for m in model_parts for p in m.parameters()]
     tokens_per_step = plan.global_batch_size * t.seq_len
-    for step in range(train_state.step + 1, t.steps + 1):
-        gc_handler.run(step)
-        optimizer.zero_grad()
-        loss_sum = torch.zeros((), device=device)
-        for _ in range(plan.grad_accum_steps):
-            t0 = time.perf_counter()
-            inputs, labels = next(data_iter)
-            metrics.data_loading_times.append(time.perf_counter() - t0)
-            # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch
-            metrics.ntokens_since_last_log += labels.numel() // dims.non_data_parallel_size
-            inputs, labels = inputs.to(device), labels.to(device)
-            if dims.cp > 1:  # this rank's chunks of every sequence
-                inputs, labels = (shard_sequence(x, dims.cp, cp_rank) for x in (inputs, labels))
-            with loss_context(dims, job_config):
-                loss = _forward_backward(
-                    model_parts[0],
-                    pipeline,
-                    spec.loss_fn,
-                    inputs,
-                    labels,
-                    autocast,
-                    plan.grad_accum_steps,
-                )
-            loss_sum += utils.full_tensor(loss.detach())  # a vocab-parallel loss is a DTensor
-        grad_norm = utils.clip_grad_norm_(params, t.max_norm, pp_group=pp_group)
-        _stop_if_diverged(step, loss_sum, grad_norm, checkpointer)
-        checkpointer.wait_for_staging()  # a background save's copy of the weights, if one runs
-        optimizer.step()
-        float8.after_optimizer_step(model_parts, job_config)
-        lr = lr_scheduler.get_last_lr()[0]
-        lr_scheduler.step()
-        train_state.step, train_state.ntokens_seen = (
-            step,
-            train_state.ntokens_seen + tokens_per_step,
-        )
-        if metrics.should_log(step) or step == t.steps:  # the last step is always logged
-            metrics.log(step, _mean_over(loss_sum, loss_mesh), float(grad_norm), lr)
-        checkpointer.maybe_save(step)
+    with profiled_steps(job_config, rank, train_state.step) as profiler:
+        for step in range(train_state.step + 1, t.steps + 1):
+            gc_handler.run(step)
+            optimizer.zero_grad()
+            loss_sum = torch.zeros((), device=device)
+            for _ in range(plan.grad_accum_steps):
+                t0 = time.perf_counter()
+                inputs, labels = next(data_iter)
+                metrics.data_loading_times.append(time.perf_counter() - t0)
+                # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch
+                metrics.ntokens_since_last_log += labels.numel() // dims.non_data_parallel_size
+                inputs, labels = inputs.to(device), labels.to(device)
+                if dims.cp > 1:  # this rank's chunks of every sequence
+                    inputs, labels = (shard_sequence(x, dims.cp, cp_rank) for x in (inputs, labels))
+                with loss_context(dims, job_config):
+                    loss = _forward_backward(
+                        model_parts[0],
+                        pipeline,
+                        spec.loss_fn,
+                        inputs,
+                        labels,
+                        autocast,
+                        plan.grad_accum_steps,
+                    )
+                loss_sum += utils.full_tensor(loss.detach())  # a vocab-parallel loss is a DTensor
+            grad_norm = utils.clip_grad_norm_(params, t.max_norm, pp_group=pp_group)
+            _stop_if_diverged(step, loss_sum, grad_norm, checkpointer)
+            checkpointer.wait_for_staging()  # a background save's copy of the weights, if one runs
+            optimizer.step()
+            float8.after_optimizer_step(model_parts, job_config)
+            lr = lr_scheduler.get_last_lr()[0]
+            lr_scheduler.step()
+            train_state.step, train_state.ntokens_seen = (
+                step,
+                train_state.ntokens_seen + tokens_per_step,
+            )
+            if metrics.should_log(step) or step == t.steps:  # the last step is always logged
+                metrics.log(step, _mean_over(loss_sum, loss_mesh), float(grad_norm), lr)
+            checkpointer.maybe_save(step)
+            profiler.step(step)
     checkpointer.close()  # the last background save, if any, is written and marked complete
     metrics.close()
     logger.info("Training finished")

@@ -236,12 +236,16 @@ class Compile:
 
 @dataclass
 class Profiling:
-    enable_profiling: bool = opt(False, "Write torch.profiler traces (not available yet)")
+    enable_profiling: bool = opt(
+        False, "Write torch.profiler Chrome traces per rank every profile_freq steps"
+    )
     save_traces_folder: str = opt("profile_traces", "Trace folder under job.dump_folder")
-    profile_freq: int = opt(10, "Profile every N steps", ge=1)
-    profiler_warmup: int = opt(3, "Profiler warm-up steps", ge=0)
-    profiler_active: int = opt(1, "Profiler active steps", ge=1)
-    enable_memory_snapshot: bool = opt(False, "Write CUDA memory snapshots (not available yet)")
+    profile_freq: int = opt(10, "Trace (and snapshot) every N steps", ge=1)
+    profiler_warmup: int = opt(3, "Untraced warm-up steps before the traced ones", ge=0)
+    profiler_active: int = opt(1, "Traced steps, ending on each multiple of profile_freq", ge=1)
+    enable_memory_snapshot: bool = opt(
+        False, "Write CUDA memory snapshots every profile_freq steps and on OOM (GPU only)"
+    )
     save_memory_snapshot_folder: str = opt(
         "memory_snapshot", "Snapshot folder under job.dump_folder"
     )
@@ -526,8 +530,6 @@ def _check_bounds(cfg: JobConfig) -> None:
 
 # Keys that select features later releases add; setting them today must fail loudly, not be ignored.
 _NOT_YET = {
-    "profiling.enable_profiling": True,
-    "profiling.enable_memory_snapshot": True,
     "validation.enable": True,
     "metrics.enable_wandb": True,
     "metrics.save_for_all_ranks": True,
@@ -543,6 +545,12 @@ def validate(cfg: JobConfig) -> None:
             raise ConfigError(
                 f"{dotted}: this feature is not available in this version yet; leave it unset"
             )
+    pr = cfg.profiling
+    if pr.enable_profiling and pr.profiler_warmup + pr.profiler_active > pr.profile_freq:
+        raise ConfigError(
+            f"profiling.profiler_warmup + profiler_active ({pr.profiler_warmup} + "
+            f"{pr.profiler_active}) must be <= profiling.profile_freq ({pr.profile_freq})"
+        )
     ck = cfg.checkpoint
     if ck.initial_load_in_hf and not ck.initial_load_path:
         raise ConfigError(
