@@ -21,7 +21,7 @@ from torchtitan.config_manager import JobConfig, help_text, parse_args
 from torchtitan.errors import ConfigError, TorchTitanError, TrainingDiverged
 from torchtitan.float8 import apply_converters
 from torchtitan.log import init_logger, logger
-from torchtitan.metrics import MetricsProcessor, tb_run_dir
+from torchtitan.metrics import MetricsProcessor, build_sinks
 from torchtitan.parallelisms import pipeline_llama
 from torchtitan.parallelisms.context_parallel import shard_sequence
 from torchtitan.parallelisms.init import layout_invariant_init
@@ -99,13 +99,10 @@ def train(job_config: JobConfig) -> None:
     # ---- optimizer, schedule, metrics
     optimizer = spec.build_optimizer_fn(model_parts, job_config.optimizer)
     lr_scheduler = spec.build_lr_scheduler_fn(optimizer, job_config.lr_scheduler, t.steps)
-    tb_dir = None
-    if job_config.metrics.enable_tensorboard:
-        tb_dir = tb_run_dir(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
     metrics = MetricsProcessor(
         flops_per_token=flops_per_token,
         log_freq=job_config.metrics.log_freq,
-        tb_dir=tb_dir,
+        sinks=build_sinks(job_config, rank),
         color=not job_config.metrics.disable_color_printing,
         is_rank0=rank == 0,
     )

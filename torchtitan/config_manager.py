@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import os
 import sys
 import types
@@ -155,9 +156,11 @@ class Metrics:
     enable_tensorboard: bool = opt(False, "Write TensorBoard scalars")
     save_tb_folder: str = opt("tb", "TensorBoard folder under job.dump_folder")
     disable_color_printing: bool = opt(False, "Print console metrics without colour")
-    enable_wandb: bool = opt(False, "Log to Weights & Biases (not available yet)")
+    enable_wandb: bool = opt(
+        False, "Log the same scalars and the config to Weights & Biases (pip install wandb)"
+    )
     save_for_all_ranks: bool = opt(
-        False, "Write metrics for every rank, not only rank 0 (not available yet)"
+        False, "Every rank writes its own TensorBoard / W&B metrics, not only rank 0"
     )
 
 
@@ -531,8 +534,6 @@ def _check_bounds(cfg: JobConfig) -> None:
 # Keys that select features later releases add; setting them today must fail loudly, not be ignored.
 _NOT_YET = {
     "validation.enable": True,
-    "metrics.enable_wandb": True,
-    "metrics.save_for_all_ranks": True,
 }
 
 
@@ -545,6 +546,11 @@ def validate(cfg: JobConfig) -> None:
             raise ConfigError(
                 f"{dotted}: this feature is not available in this version yet; leave it unset"
             )
+    if cfg.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            "metrics.enable_wandb: the wandb package is not installed; pip install wandb, or "
+            "leave it false"
+        )
     pr = cfg.profiling
     if pr.enable_profiling and pr.profiler_warmup + pr.profiler_active > pr.profile_freq:
         raise ConfigError(

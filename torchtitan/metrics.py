@@ -8,12 +8,14 @@ activation checkpointing is not counted. On CPU there is no meaningful peak, so 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import torch
 
@@ -73,7 +75,7 @@ class MetricsProcessor:
 
     flops_per_token: int
     log_freq: int
-    tb_dir: str | None = None
+    sinks: list[Any] = field(default_factory=list)  # where this rank's numbers are written
     color: bool = True
     is_rank0: bool = True
     ntokens_since_last_log: int = 0
@@ -86,12 +88,6 @@ class MetricsProcessor:
         if device_type == "cuda" and self.peak is None:
             logger.warning(f"Unknown peak FLOP/s for '{name}': MFU will be reported as n/a")
         self.colors = _Colors(self.color and sys.stdout.isatty())
-        self.writer = None
-        if self.tb_dir and self.is_rank0:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(self.tb_dir, max_queue=1000)
-            logger.info(f"TensorBoard metrics go to {self.tb_dir}")
 
     def should_log(self, step: int) -> bool:
         return step == 1 or step % self.log_freq == 0
@@ -117,10 +113,8 @@ class MetricsProcessor:
             values["throughput/mfu_pct"] = mfu
         if self.is_rank0:
             self._print(step, values, mfu)
-            if self.writer is not None:
-                for key, value in values.items():
-                    self.writer.add_scalar(key, value, step)
-                self.writer.flush()
+        for sink in self.sinks:
+            sink.write(values, step)
         self.ntokens_since_last_log = 0
         self.data_loading_times.clear()
         reset_peak_memory()
@@ -141,10 +135,69 @@ class MetricsProcessor:
         )
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
-def tb_run_dir(dump_folder: str, tb_folder: str) -> str:
-    """``{dump_folder}/{tb_folder}/<YYYYmmdd-HHMMSS>``: one subfolder per run."""
-    return os.path.join(dump_folder, tb_folder, datetime.now().strftime("%Y%m%d-%H%M%S"))
+class TensorBoardSink:
+    def __init__(self, folder: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(folder, max_queue=1000)
+        logger.info(f"TensorBoard metrics go to {folder}")
+
+    def write(self, values: dict[str, float], step: int) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """A Weights & Biases run in ``{dump_folder}/wandb`` with the job's config. ``WANDB_PROJECT``
+    (default torchtitan), ``WANDB_NAME``, ``WANDB_ENTITY`` and ``WANDB_MODE=offline`` work as
+    wandb documents them; with every rank writing, the ranks' runs share a group."""
+
+    def __init__(self, job_config: Any, rank: int, all_ranks: bool) -> None:
+        import wandb
+
+        group = os.environ.get("TORCHELASTIC_RUN_ID") if all_ranks else None
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "torchtitan"),
+            dir=job_config.job.dump_folder,
+            config=dataclasses.asdict(job_config),
+            group=group,
+            name=f"rank_{rank}" if all_ranks else None,
+        )
+        logger.info(f"Weights & Biases run {self.run.name} ({self.run.dir})")
+
+    def write(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def build_sinks(job_config: Any, rank: int) -> list[Any]:
+    """TensorBoard and W&B writers for this rank: rank 0's, or every rank's with
+    ``metrics.save_for_all_ranks`` (TensorBoard then in ``{tb folder}/rank_{rank}/``)."""
+    m = job_config.metrics
+    if rank != 0 and not m.save_for_all_ranks:
+        return []
+    sinks: list[Any] = []
+    if m.enable_tensorboard:
+        folder = os.path.join(job_config.job.dump_folder, m.save_tb_folder)
+        if m.save_for_all_ranks:
+            folder = os.path.join(folder, f"rank_{rank}")
+        sinks.append(TensorBoardSink(tb_run_dir(folder)))
+    if m.enable_wandb:
+        sinks.append(WandbSink(job_config, rank, m.save_for_all_ranks))
+    return sinks
+
+
+def tb_run_dir(folder: str) -> str:
+    """``{folder}/<YYYYmmdd-HHMMSS>``: one subfolder per run."""
+    return os.path.join(folder, datetime.now().strftime("%Y%m%d-%H%M%S"))

@@ -1,0 +1,95 @@
+"""Where the metrics go: Weights & Biases (offline) next to TensorBoard, and every rank's own
+metrics with metrics.save_for_all_ranks."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from launcher import launch
+
+from torchtitan.config_manager import parse_args
+from torchtitan.errors import ConfigError
+from torchtitan.tb_events import read_scalars
+
+SHORT = ["--training.steps", "3", "--training.seq_len", "64", "--training.local_batch_size", "2",
+         "--training.global_batch_size", "4", "--metrics.log_freq", "1",
+         "--metrics.enable_tensorboard"]  # fmt: skip
+
+
+def _wandb_records(path: Path):
+    """The protobuf records of a W&B run file: a 7-byte header (":W&B", magic, version), then
+    LevelDB-log-style 32 KiB blocks of chunks (crc32, length, type: 1 full, 2 first, 3 middle,
+    4 last)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:8]
+    pos, block, parts = 7, 32768, []
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if room < 7 or (length == 0 and kind == 0):  # the rest of a block is padding
+            pos += room
+            continue
+        parts.append(data[pos + 7 : pos + 7 + length])
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(b"".join(parts))
+            parts = []
+            yield record
+
+
+@pytest.mark.slow
+def test_wandb_offline_logs_the_same_scalars_and_the_config(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = launch(tmp_path, *SHORT, "--metrics.enable_wandb", ngpu=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Weights & Biases run" in out.stdout
+    [run_file] = (tmp_path / "out" / "wandb").glob("offline-run-*/run-*.wandb")
+    history, config = {}, {}
+    for record in _wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            items = {
+                i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                for i in record.history.item
+            }
+            history[items["_step"]] = items
+        elif kind == "run":
+            config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
+    tb = read_scalars(tmp_path / "out")
+    assert sorted(history) == sorted(tb) == [1, 2, 3]
+    for step, loss in tb.items():
+        assert history[step]["loss"] == pytest.approx(loss, rel=1e-6)
+        assert {"grad_norm", "lr", "throughput/tps"} <= set(history[step])
+    assert config["training"]["steps"] == 3 and config["metrics"]["enable_wandb"] is True
+
+
+@pytest.mark.slow
+def test_every_rank_writes_its_own_tensorboard_run(tmp_path):
+    out = launch(tmp_path, *SHORT, "--metrics.save_for_all_ranks", ngpu=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    per_rank = [read_scalars(tmp_path / "out" / "tb" / f"rank_{r}") for r in (0, 1)]
+    assert sorted(per_rank[0]) == [1, 2, 3]
+    assert per_rank[0] == per_rank[1]  # the logged loss is the data-parallel mean on every rank
+    tps = [read_scalars(tmp_path / "out" / "tb" / f"rank_{r}", "throughput/tps") for r in (0, 1)]
+    assert all(v > 0 for d in tps for v in d.values())
+
+
+def test_wandb_missing_is_a_config_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a)
+    )
+    with pytest.raises(
+        ConfigError, match="metrics.enable_wandb: the wandb package is not installed"
+    ):
+        parse_args(["--metrics.enable_wandb"])
