@@ -20,7 +20,7 @@ from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.config_manager import JobConfig, help_text, parse_args
 from torchtitan.errors import ConfigError, TorchTitanError, TrainingDiverged
 from torchtitan.float8 import apply_converters
-from torchtitan.log import init_logger, logger
+from torchtitan.log import add_log_file, init_logger, logger
 from torchtitan.metrics import MetricsProcessor, build_sinks
 from torchtitan.parallelisms import pipeline_llama
 from torchtitan.parallelisms.context_parallel import shard_sequence
@@ -38,6 +38,7 @@ def train(job_config: JobConfig) -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     plan = check(job_config, world_size)
     dims, spec = plan.dims, plan.spec
+    add_log_file(os.path.join(job_config.job.dump_folder, "logs", f"rank_{rank}.log"))
     logger.info(f"Starting job: {job_config.job.description}")
     logger.info(
         f"world_size={world_size} {dims.layout()} device={device} backend={utils.dist_backend}"

@@ -80,6 +80,11 @@ def test_every_rank_writes_its_own_tensorboard_run(tmp_path):
     assert per_rank[0] == per_rank[1]  # the logged loss is the data-parallel mean on every rank
     tps = [read_scalars(tmp_path / "out" / "tb" / f"rank_{r}", "throughput/tps") for r in (0, 1)]
     assert all(v > 0 for d in tps for v in d.values())
+    # every rank's log in its own file; the console shows LOG_RANK's (default 0) only
+    logs = [(tmp_path / "out" / "logs" / f"rank_{r}.log").read_text() for r in (0, 1)]
+    assert "step: 3 " in logs[0] and "step: " not in logs[1]
+    assert all("world_size=2" in log and "Parameters on this rank" in log for log in logs)
+    assert "[rank1]" not in out.stdout
 
 
 def test_wandb_missing_is_a_config_error(monkeypatch):

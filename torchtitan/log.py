@@ -15,3 +15,14 @@ def init_logger(level: int = logging.INFO) -> None:
     logger.handlers[:] = [handler]
     logger.setLevel(level)
     logger.propagate = False
+
+
+def add_log_file(path: str) -> None:
+    """Also write this process's messages, with dates, to ``path`` (appended: a resumed or
+    restarted job keeps one file per rank)."""
+    import os
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    handler = logging.FileHandler(path, mode="a")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
