@@ -28,6 +28,7 @@ from torchtitan.parallelisms.init import layout_invariant_init
 from torchtitan.parallelisms.parallelize_llama import loss_context, param_dtype
 from torchtitan.preflight import check
 from torchtitan.profiling import profiled_steps
+from torchtitan.validate import Validator
 
 
 def train(job_config: JobConfig) -> None:
@@ -71,6 +72,21 @@ def train(job_config: JobConfig) -> None:
         streaming=t.dataset_streaming,
     )
 
+    val_loader = None
+    if job_config.validation.enable:
+        v = job_config.validation
+        val_loader = spec.build_dataloader_fn(
+            dataset=v.dataset,
+            dataset_path=v.dataset_path,
+            tokenizer=tokenizer,
+            local_batch_size=v.local_batch_size or t.local_batch_size,
+            seq_len=v.seq_len or t.seq_len,
+            dp_rank=dp_rank,
+            dp_world_size=dims.dp,
+            infinite=False,
+            split="validation",
+        )
+
     # ---- model: described once, built on the meta device, cut into this rank's pipeline stages
     #      (a single part without pipelining), parallelized, then materialized
     model_args = dataclasses.replace(
@@ -95,6 +111,20 @@ def train(job_config: JobConfig) -> None:
     if plan.pipeline is not None:
         pipeline = pipeline_llama.Pipeline(
             plan.pipeline, parts, device, pp_group, spec.loss_fn, plan.grad_accum_steps
+        )
+
+    validator = None
+    if val_loader is not None:
+        validator = Validator(
+            job_config,
+            dataloader=val_loader,
+            dims=dims,
+            model=model_parts[0],
+            pipeline=pipeline,
+            loss_fn=spec.loss_fn,
+            loss_mesh=loss_mesh,
+            cp_rank=cp_rank,
+            device=device,
         )
 
     # ---- optimizer, schedule, metrics
@@ -181,6 +211,8 @@ def train(job_config: JobConfig) -> None:
             )
             if metrics.should_log(step) or step == t.steps:  # the last step is always logged
                 metrics.log(step, _mean_over(loss_sum, loss_mesh), float(grad_norm), lr)
+            if validator is not None and validator.due(step):
+                metrics.log_validation(step, *validator.run())
             checkpointer.maybe_save(step)
             profiler.step(step)
     checkpointer.close()  # the last background save, if any, is written and marked complete

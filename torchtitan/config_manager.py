@@ -256,13 +256,15 @@ class Profiling:
 
 @dataclass
 class Validation:
-    enable: bool = opt(False, "Evaluate held-out loss periodically (not available yet)")
-    dataset: str = opt("c4_validation", "Named validation dataset")
+    enable: bool = opt(False, "Evaluate held-out loss and perplexity every freq steps")
+    dataset: str = opt("c4_validation", "Named validation dataset (as training.dataset)")
     dataset_path: str | None = opt(None, "Local validation data or Hub id")
-    local_batch_size: int = opt(8, "Validation sequences per rank per step", ge=1)
-    seq_len: int = opt(2048, "Validation tokens per sequence", ge=1)
-    freq: int = opt(500, "Validate every N training steps", ge=1)
-    steps: int = opt(-1, "Validation batches per evaluation; -1 = the whole dataset")
+    local_batch_size: int = opt(
+        0, "Validation sequences per rank per batch; 0 = training.local_batch_size", ge=0
+    )
+    seq_len: int = opt(0, "Validation tokens per sequence; 0 = training.seq_len", ge=0)
+    freq: int = opt(500, "Validate every N training steps (and after the last)", ge=1)
+    steps: int = opt(-1, "Validation batches per evaluation; -1 = the whole dataset", ge=-1)
 
 
 @dataclass
@@ -532,9 +534,7 @@ def _check_bounds(cfg: JobConfig) -> None:
 
 
 # Keys that select features later releases add; setting them today must fail loudly, not be ignored.
-_NOT_YET = {
-    "validation.enable": True,
-}
+_NOT_YET = {}
 
 
 def validate(cfg: JobConfig) -> None:

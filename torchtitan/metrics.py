@@ -121,6 +121,19 @@ class MetricsProcessor:
         self._last_log_time = time.perf_counter()
         return values
 
+    def log_validation(
+        self, step: int, loss: float, perplexity: float, batches: int, secs: float
+    ) -> None:
+        """One console line (rank 0) and ``validation/loss`` and ``validation/perplexity``."""
+        if self.is_rank0:
+            c = self.colors
+            logger.info(
+                f"{c.cyan}validation: step {step}  loss: {loss:.4f}  perplexity: {perplexity:.2f}"
+                f"{c.reset}  ({batches} batches per rank, {secs:.2f}s)"
+            )
+        for sink in self.sinks:
+            sink.write({"validation/loss": loss, "validation/perplexity": perplexity}, step)
+
     def _print(self, step: int, v: dict[str, float], mfu: float | None) -> None:
         c = self.colors
         mem = "rss" if device_type == "cpu" else "memory"

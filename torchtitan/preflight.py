@@ -53,6 +53,7 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
             world_size=world_size,
         )
     check_dataset_config(t.dataset, t.dataset_path)
+    _check_validation(job_config, dims)
     spec = get_train_spec(job_config.model.name)
     model_args = get_model_args(job_config.model.name, job_config.model.flavor)
     _check_model_fits_layout(dims, model_args)
@@ -76,6 +77,28 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
             raise ConfigError(
                 f"{key}: {dims.tp} does not divide the model's {what} ({n}); use a divisor of it"
             )
+
+
+def _check_validation(job_config: JobConfig, dims: ParallelDims) -> None:
+    v, t = job_config.validation, job_config.training
+    if not v.enable:
+        return
+    try:
+        check_dataset_config(v.dataset, v.dataset_path)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("training.", "validation.")) from e
+    seq_len, batch = v.seq_len or t.seq_len, v.local_batch_size or t.local_batch_size
+    if seq_len > t.seq_len:
+        raise ConfigError(
+            f"validation.seq_len: {seq_len} is longer than training.seq_len ({t.seq_len}), the "
+            "model's rotary table; use at most that"
+        )
+    fixed = [f"{n}={d}" for n, d in (("pp", dims.pp), ("cp", dims.cp)) if d > 1]
+    if fixed and (seq_len, batch) != (t.seq_len, t.local_batch_size):
+        raise ConfigError(
+            f"validation.seq_len / local_batch_size: with {' '.join(fixed)} validation batches "
+            f"must have the training shape ({t.local_batch_size} x {t.seq_len}); leave both 0"
+        )
 
 
 def _check_sequence_split(dims: ParallelDims, seq_len: int) -> None:

@@ -558,6 +558,12 @@ class HFDataLoader:
         self.streaming = self._readers[0].streaming
         self._next_group = 0  # which local_batch_size block of this rank's shards reads next
 
+    def restart(self) -> None:
+        """Read from the beginning again (a validation pass that stopped part-way)."""
+        for r in self._readers:
+            r.rewind()
+        self._next_group = 0
+
     @property
     def num_rows(self) -> int | None:
         """Rows in this rank's shards (None for streamed data)."""

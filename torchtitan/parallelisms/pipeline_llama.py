@@ -287,6 +287,7 @@ class Pipeline:
             for s in self.stage_indices
         ]
         scale = plan.n_microbatches * grad_accum_steps
+        self.grad_accum_steps = grad_accum_steps
 
         def microbatch_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return loss_fn(output, target) / scale
@@ -298,6 +299,27 @@ class Pipeline:
             loss_fn=microbatch_loss,
             scale_grads=False,
         )
+
+    def forward_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean loss of one local batch, forward only (evaluation), on every pipeline rank."""
+        args = (inputs,) if self.has_first else ()
+        losses: list[torch.Tensor] = []
+        with torch.no_grad():
+            self.schedule.eval(
+                *args,
+                target=labels if self.has_last else None,
+                losses=losses if self.has_last else None,
+            )
+        return self._broadcast_sum(losses) * self.grad_accum_steps
+
+    def _broadcast_sum(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """The sum of the last stage's micro-batch losses, broadcast to every pipeline rank."""
+        if self.has_last:
+            loss = torch.stack([full_tensor(x.detach()).float() for x in losses]).sum()
+        else:
+            loss = torch.zeros((), device=self.device)
+        dist.broadcast(loss, group=self.group, group_src=self.last_rank)
+        return loss
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one local batch through the pipeline (gradients accumulate
@@ -311,9 +333,4 @@ class Pipeline:
             losses=losses if self.has_last else None,
             return_outputs=False,
         )
-        if self.has_last:
-            loss = torch.stack([full_tensor(x.detach()).float() for x in losses]).sum()
-        else:
-            loss = torch.zeros((), device=self.device)
-        dist.broadcast(loss, group=self.group, group_src=self.last_rank)
-        return loss
+        return self._broadcast_sum(losses)

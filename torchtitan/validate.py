@@ -1,0 +1,95 @@
+"""Held-out loss and perplexity every ``validation.freq`` steps, under any parallel layout.
+
+Each evaluation reads the validation data from its beginning: ``validation.steps`` batches per
+data-parallel rank, or with -1 the whole of it (every rank stops when the first one runs out,
+so all take part in the same collectives). Batches go through the model as in training (the
+sequence split under context parallel, the vocab-parallel loss under TP, the pipeline schedule
+forward-only under PP) without gradients. The loss is the mean over batches and over the ranks
+that hold different tokens (data and context parallel); perplexity is its exponential.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchtitan.config_manager import JobConfig
+from torchtitan.parallelisms.context_parallel import shard_sequence
+from torchtitan.parallelisms.parallelize_llama import loss_context
+from torchtitan.utils import full_tensor
+
+
+class Validator:
+    def __init__(
+        self,
+        job_config: JobConfig,
+        *,
+        dataloader: Any,
+        dims: Any,
+        model: torch.nn.Module,
+        pipeline: Any,
+        loss_fn: Any,
+        loss_mesh: Any,
+        cp_rank: int,
+        device: torch.device,
+    ) -> None:
+        self.job_config, self.cfg = job_config, job_config.validation
+        self.dataloader, self.dims, self.model, self.pipeline = dataloader, dims, model, pipeline
+        self.loss_fn, self.loss_mesh, self.cp_rank, self.device = (
+            loss_fn,
+            loss_mesh,
+            cp_rank,
+            device,
+        )
+
+    def due(self, step: int) -> bool:
+        return step % self.cfg.freq == 0 or step == self.job_config.training.steps
+
+    def run(self) -> tuple[float, float, int, float]:
+        """``(loss, perplexity, batches, seconds)`` of one pass over the validation data."""
+        t0 = time.perf_counter()
+        self.dataloader.restart()
+        batches, total = 0, torch.zeros((), device=self.device)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad():
+            for inputs, labels in self._batches():
+                total += self._loss(inputs.to(self.device), labels.to(self.device))
+                batches += 1
+        self.model.train(was_training)
+        if batches == 0:
+            raise ValueError("no validation batch")  # preflight's row check makes this unreachable
+        loss = total / batches
+        if self.loss_mesh is not None and self.loss_mesh.size() > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.loss_mesh.get_group())
+        value = float(loss)
+        return value, math.exp(min(value, 700.0)), batches, time.perf_counter() - t0
+
+    def _batches(self):
+        """This rank's batches, as many as every rank has (and at most ``validation.steps``)."""
+        iterator = iter(self.dataloader)
+        n = 0
+        while self.cfg.steps < 0 or n < self.cfg.steps:
+            batch = next(iterator, None)
+            have = torch.tensor(0.0 if batch is None else 1.0, device=self.device)
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.all_reduce(have, op=dist.ReduceOp.MIN)
+            if not have.item():
+                return
+            n += 1
+            yield batch
+
+    def _loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.dims.cp > 1:
+            inputs, labels = (
+                shard_sequence(x, self.dims.cp, self.cp_rank) for x in (inputs, labels)
+            )
+        with loss_context(self.dims, self.job_config):
+            if self.pipeline is not None:
+                return self.pipeline.forward_loss(inputs, labels)
+            loss = self.loss_fn(self.model(inputs), labels)
+        return full_tensor(loss).float()  # a vocab-parallel loss is a DTensor
