@@ -279,12 +279,10 @@ def _autocast(job_config: JobConfig, dims) -> contextlib.AbstractContextManager:
 
 
 def _stop_if_diverged(step: int, loss: torch.Tensor, grad_norm: torch.Tensor, checkpointer) -> None:
-    """A non-finite loss (on any rank) or gradient norm stops training before the optimizer
-    step, so nothing from this step on is saved. Costs one tiny all-reduce and one host sync."""
-    bad = (~torch.isfinite(torch.stack([loss.float(), grad_norm.float()]))).any().float()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    if not bad.item():
+    """A non-finite gradient norm stops training before the optimizer step, so nothing from this
+    step on is saved. The norm is already reduced over every rank and a non-finite loss on any
+    rank makes it non-finite, so every rank decides alike with no collective: one host sync."""
+    if torch.isfinite(grad_norm).item():
         return
     checkpointer.close()  # a background save of an earlier, good step is finished and marked
     newest = checkpointer.newest_complete()

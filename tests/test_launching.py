@@ -164,9 +164,8 @@ def _run_on_two_hosts(
     """Start the launcher in both namespaces at once; return each one's output."""
     procs = []
     for host, extra in zip(hosts, node_env):
-        env = train_env(tmp_path, NGPU="2", **extra)
-        env = {k: v for k, v in env.items() if not (_is_launch_variable(k) and k not in extra)}
-        env["NGPU"] = "2"
+        env = {k: v for k, v in train_env(tmp_path).items() if not _is_launch_variable(k)}
+        env.update(extra, NGPU="2")
         as_host = ["ip", "netns", "exec", host, "unshare", "--uts", "sh", "-c",
                    'hostname "$0" && exec "$@"', _hostname(host)]  # fmt: skip
         cmd = [*as_host, SCRIPT, "--job.dump_folder", str(tmp_path / "out"), *FOUR_WORKER_ARGS]

@@ -22,6 +22,7 @@ import torch
 
 from torchtitan.config_manager import JobConfig
 from torchtitan.log import logger
+from torchtitan.utils import device_type
 
 _SNAPSHOT_ENTRIES = 100_000  # allocator events kept (the newest)
 
@@ -36,7 +37,7 @@ class StepProfiler:
         self.trace_folder = os.path.join(dump, cfg.save_traces_folder)
         self.snapshot_folder = os.path.join(dump, cfg.save_memory_snapshot_folder)
         self.torch_profiler = self._start_profiler(cfg) if cfg.enable_profiling else None
-        self.snapshots = cfg.enable_memory_snapshot and torch.cuda.is_available()
+        self.snapshots = cfg.enable_memory_snapshot and device_type == "cuda"
         if cfg.enable_memory_snapshot and not self.snapshots:
             logger.warning(
                 "profiling.enable_memory_snapshot: CUDA memory snapshots need a GPU; none are "
@@ -55,7 +56,7 @@ class StepProfiler:
             active=active,
         )
         activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
+        if device_type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         logger.info(
             f"Profiling steps {self.freq - active + 1}..{self.freq} of every {self.freq} "
