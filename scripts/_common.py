@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-_T0 = time.perf_counter()
-
 
 def progress(what: str):
-    """A ``(done, total)`` callback printing ``what: done/total (elapsed)`` to stderr."""
+    """A ``(done, total)`` callback drawing a progress bar on stderr (plain lines in a log)."""
+    from torchtitan.progress import Progress
 
-    def report(done: int, total: int) -> None:
-        if done == total or done % max(1, total // 10) == 0:
-            print(f"{what}: {done}/{total} ({time.perf_counter() - _T0:.1f}s)", file=sys.stderr)
-
-    return report
+    return Progress(what, total=1)
 
 
 def run(main) -> None:

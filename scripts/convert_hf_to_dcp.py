@@ -40,9 +40,7 @@ def main() -> None:
         expected = {
             k: v.shape for k, v in Transformer(args).state_dict().items() if k != "rope_cache"
         }
-    progress("read safetensors")(0, 1)
-    state = from_hf(read_folder(a.hf_dir), args, expected)
-    progress("read safetensors")(1, 1)
+    state = from_hf(read_folder(a.hf_dir, progress=progress("read safetensors")), args, expected)
     dcp.save({"model": state}, checkpoint_id=a.out_dir, no_dist=True)
     with open(os.path.join(a.out_dir, MARKER), "w") as f:
         json.dump({"step": 0, "model_only": True, "world_size": 1}, f)

@@ -486,8 +486,11 @@ def _apply(cfg: JobConfig, dotted: str, raw: Any, where: str, from_cli: bool) ->
     setattr(getattr(cfg, section), key, value)
 
 
-def parse_args(argv: list[str] | None = None) -> JobConfig:
-    """Build and validate a JobConfig from defaults, ``--job.config_file`` and CLI overrides."""
+def parse_args(argv: list[str] | None = None, *, need_files: bool = True) -> JobConfig:
+    """Build and validate a JobConfig from defaults, ``--job.config_file`` and CLI overrides.
+
+    ``need_files=False`` skips the checks that input files exist (for tools that only read the
+    configuration, like the memory estimate)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     pairs = split_cli(argv)
     cfg = JobConfig()
@@ -508,7 +511,7 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
     for key, raw in pairs:
         _apply(cfg, key, raw, "command line: ", from_cli=True)
     cfg.job.config_file = config_file
-    validate(cfg)
+    validate(cfg, need_files=need_files)
     return cfg
 
 
@@ -537,7 +540,7 @@ def _check_bounds(cfg: JobConfig) -> None:
 _NOT_YET = {}
 
 
-def validate(cfg: JobConfig) -> None:
+def validate(cfg: JobConfig, *, need_files: bool = True) -> None:
     """Checks that need no process group, model or data; raise ConfigError on the first problem."""
     _check_bounds(cfg)
     for dotted, bad in _NOT_YET.items():
@@ -586,7 +589,7 @@ def validate(cfg: JobConfig) -> None:
             f"training.global_batch_size: {t.global_batch_size} must be a multiple of "
             f"training.local_batch_size ({t.local_batch_size})"
         )
-    if not os.path.isfile(cfg.model.tokenizer_path):
+    if need_files and not os.path.isfile(cfg.model.tokenizer_path):
         raise ConfigError(
             f"model.tokenizer_path: '{cfg.model.tokenizer_path}' does not exist or is not a file; "
             "give a tokenizer.model (see scripts/download_tokenizer.py)"

@@ -106,7 +106,8 @@ class GarbageCollection:
 
 
 def device_memory() -> tuple[float, float]:
-    """(peak allocated GiB, peak reserved GiB) on this device since the last reset, or (RSS, RSS) on CPU."""
+    """(peak allocated GiB, peak reserved GiB) on this device since the last reset; on CPU the
+    process's peak resident set (VmHWM) twice: it includes the interpreter and libraries."""
     if device_type == "cuda":
         gib = 1024**3
         return torch.cuda.max_memory_allocated() / gib, torch.cuda.max_memory_reserved() / gib
@@ -117,14 +118,20 @@ def device_memory() -> tuple[float, float]:
 def reset_peak_memory() -> None:
     if device_type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+        return
+    try:  # Linux: "5" resets VmHWM to the current resident set
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # elsewhere the peak is since the process started
 
 
 def _rss_gib() -> float:
     try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 1024**3
-    except (OSError, ValueError):
+        with open("/proc/self/status") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        return kib / 1024**2
+    except (OSError, ValueError, StopIteration):
         return float("nan")
 
 

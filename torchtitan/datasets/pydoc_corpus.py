@@ -23,6 +23,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from torchtitan.progress import Progress
+
 CORPUS_VERSION = 1
 _MIN_CHARS = 200
 
@@ -56,13 +58,20 @@ def _topic_documents() -> list[str]:
     return docs
 
 
-def _stdlib_docstrings() -> list[str]:
+def _stdlib_docstrings(progress: Progress | None = None) -> list[str]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo", "__pycache__"}
+    paths = [
+        p
+        for p in sorted(stdlib.rglob("*.py"))
+        if not skip.intersection(p.relative_to(stdlib).parts)
+    ]
+    if progress is not None:
+        progress.total = len(paths)
     docs = []
-    for path in sorted(stdlib.rglob("*.py")):
-        if skip.intersection(path.relative_to(stdlib).parts):
-            continue
+    for i, path in enumerate(paths):
+        if progress is not None:
+            progress.update(i + 1)
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
@@ -79,9 +88,9 @@ def _stdlib_docstrings() -> list[str]:
     return docs
 
 
-def build_documents() -> list[str]:
+def build_documents(progress: Progress | None = None) -> list[str]:
     """All documents of the corpus, in a fixed order for a given Python version."""
-    return _topic_documents() + _stdlib_docstrings()
+    return _topic_documents() + _stdlib_docstrings(progress)
 
 
 def corpus_path(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -93,8 +102,11 @@ def corpus_path(cache_dir: str | os.PathLike | None = None) -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    # every local rank builds its own copy (then renames it into place); one shows the bar
+    shown = os.environ.get("LOCAL_RANK", "0") == "0"
+    bar = Progress(f"building the python_docs corpus ({path.parent})", 1) if shown else None
     with open(tmp, "w", encoding="utf-8") as f:
-        for doc in build_documents():
+        for doc in build_documents(bar):
             line = json.dumps({"text": doc}, ensure_ascii=False)
             f.write(line + "\n")
     os.replace(tmp, path)

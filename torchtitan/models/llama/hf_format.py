@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -241,8 +242,11 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
-def read_folder(path: str) -> dict[str, torch.Tensor]:
-    """All tensors of a Hugging Face model folder (one safetensors file, or shards + index)."""
+def read_folder(
+    path: str, progress: Callable[[int, int], None] | None = None
+) -> dict[str, torch.Tensor]:
+    """All tensors of a Hugging Face model folder (one safetensors file, or shards + index);
+    ``progress(done, total)`` is called after each file."""
     from safetensors.torch import load_file
 
     if os.path.isfile(os.path.join(path, INDEX)):
@@ -256,12 +260,14 @@ def read_folder(path: str) -> dict[str, torch.Tensor]:
             f"'{path}' holds neither {SINGLE} nor {INDEX}: not a Hugging Face model folder"
         )
     state: dict[str, torch.Tensor] = {}
-    for name in files:
+    for i, name in enumerate(files):
         file = os.path.join(path, name)
         try:
             state.update(load_file(file))
         except Exception as e:
             raise HFFormatError(f"cannot read {file} ({type(e).__name__}: {e})") from e
+        if progress is not None:
+            progress(i + 1, len(files))
     return state
 
 

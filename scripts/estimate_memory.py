@@ -1,0 +1,357 @@
+"""Estimate peak memory per device for a training config, without allocating the model.
+
+    python scripts/estimate_memory.py [--world-size N] [--device-type cuda|cpu] [--json] \\
+        --job.config_file train_configs/llama3_8b.toml [any train.py --section.key value ...]
+
+How: one process stands in for rank 0 of an N-rank job (a fake process group, so the device
+mesh, FSDP2, TP and CP are applied exactly as train.py applies them) and runs one training step
+(forward, loss, backward, optimizer step) twice on fake tensors, which have shapes and dtypes but
+no storage. PyTorch's memory tracker follows every tensor that would be alive and reports the
+peak of the second step, split into parameters, gradients, optimizer state, activations (saved
+for backward) and temporaries. The parameter, gradient and optimizer lines are also computed from
+the model description (local parameter count x bytes) and printed beside the trace.
+
+What it does not model (stated in the output too): the CUDA caching allocator's reserve and
+fragmentation (compare the estimate to ``memory/peak_active_gib``, i.e. max_memory_allocated),
+NCCL buffers and the CUDA context (~0.5-1 GiB), ``torch.compile`` (estimated without it; compiled
+blocks usually save less), and float8 (estimated in the compute dtype). With pipeline parallel,
+one micro-batch of each local stage is traced and its activations are multiplied by the number of
+micro-batches a stage holds at once (1F1B-style schedules: up to pp; GPipe: all of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import warnings
+
+from _common import run
+
+GIB = 1024**3
+_target = ["cuda"]  # the device type whose dtype rules apply
+ROWS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "inputs")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=int(os.environ.get("NGPU", "1")))
+    parser.add_argument(
+        "--device-type",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="dtype rules of the target: cuda uses training.mixed_precision_param, cpu float32",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    a, train_args = parser.parse_known_args()
+    estimate = estimate_memory(train_args, a.world_size, a.device_type)
+    if a.json:
+        print(json.dumps(estimate))
+    else:
+        print(format_table(estimate))
+
+
+def estimate_memory(train_args: list[str], world_size: int, device_type: str) -> dict:
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from torchtitan import utils
+    from torchtitan.config_manager import parse_args
+    from torchtitan.errors import ConfigError
+    from torchtitan.preflight import check
+
+    job_config = parse_args(train_args, need_files=False)
+    if world_size < 1:
+        raise ConfigError(f"--world-size: {world_size} must be >= 1")
+    notes = _adapt(job_config)
+    utils.device_type = device_type  # the target's rules (dtype, device features) for preflight
+    plan = check(job_config, world_size)
+    model_args = dataclasses.replace(
+        plan.model_args,
+        vocab_size=_vocab_size(plan, job_config),
+        max_seq_len=job_config.training.seq_len,
+    )
+    pp_ranks = [0] if plan.dims.pp == 1 else [0, plan.dims.pp - 1]
+    per_rank = []
+    for pp_rank in pp_ranks:  # the first and last stages differ (embedding vs output and loss)
+        rank = pp_rank * (world_size // plan.dims.pp)  # pp is the outermost mesh dim
+        dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                per_rank.append(_trace_rank(job_config, plan, model_args, pp_rank, device_type))
+        finally:
+            dist.destroy_process_group()
+    worst = max(per_rank, key=lambda r: r["peak_gib"])
+    t, d = job_config.training, plan.dims
+    return {
+        "model": f"{job_config.model.name} {job_config.model.flavor}",
+        "world_size": world_size,
+        "layout": d.layout(),
+        "device_type": device_type,
+        "local_batch_size": t.local_batch_size,
+        "seq_len": t.seq_len,
+        "activation_checkpoint": _ac_name(job_config),
+        "param_dtype": str(_param_dtype(job_config, device_type)).replace("torch.", ""),
+        "parameters_total": sum(p.numel() for p in _meta_model(plan, model_args).parameters()),
+        "pp_rank": worst["pp_rank"],
+        **{k: v for k, v in worst.items() if k != "pp_rank"},
+        "per_pp_rank": per_rank if len(per_rank) > 1 else None,
+        "notes": notes,
+    }
+
+
+def _adapt(job_config) -> list[str]:
+    """Settings the fake trace cannot follow, turned off, each with a note of its effect."""
+    notes = [
+        "excludes the CUDA context, NCCL buffers and the caching allocator's reserve; "
+        "compare with max_memory_allocated (memory/peak_active_gib in the training log)"
+    ]
+    if job_config.compile.enable:
+        job_config.compile.enable = False
+        notes.append("traced without torch.compile; compiled blocks usually save less")
+    if job_config.model.converters:
+        notes.append(
+            f"model.converters {job_config.model.converters} not applied: traced in the compute dtype"
+        )
+        job_config.model.converters = []
+    if job_config.optimizer.implementation == "fused":
+        # fake tensors give the fused kernel out-of-place outputs; the for-loop step needs the
+        # same memory as the fused one (in place, no full-size temporaries)
+        job_config.optimizer.implementation = "for-loop"
+    if job_config.parallelism.enable_async_tensor_parallel:
+        job_config.parallelism.enable_async_tensor_parallel = False
+    if job_config.checkpoint.create_seed_checkpoint:
+        job_config.checkpoint.create_seed_checkpoint = False
+    return notes
+
+
+def _vocab_size(plan, job_config) -> int:
+    """The tokenizer's size, as train.py uses; the flavor's published one if the file is absent."""
+    from torchtitan.errors import ConfigError
+
+    path = job_config.model.tokenizer_path
+    if path and os.path.isfile(path):
+        return plan.spec.build_tokenizer_fn(path).n_words
+    if plan.model_args.vocab_size > 0:
+        return plan.model_args.vocab_size
+    raise ConfigError(
+        f"model.tokenizer_path: {path!r} does not exist and flavor "
+        f"'{job_config.model.flavor}' has no published vocabulary size; give the tokenizer file"
+    )
+
+
+def _meta_model(plan, model_args):
+    import torch
+
+    with torch.device("meta"):
+        return plan.spec.cls(model_args)
+
+
+def _param_dtype(job_config, device_type):
+    from torchtitan.parallelisms.parallelize_llama import param_dtype
+
+    return param_dtype(job_config, device_type)
+
+
+def _ac_name(job_config) -> str:
+    ac = job_config.activation_checkpoint
+    return ac.mode if ac.mode != "selective" else f"selective {ac.selective_ac_option}"
+
+
+def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) -> dict:
+    """Build this rank's parallelized stages on fake tensors and trace two training steps."""
+    _target[0] = device_type
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dims, spec, t = plan.dims, plan.spec, job_config.training
+    mesh = dims.build_mesh("cpu") if dims.world_size > 1 else None
+    # as train.py: built on the meta device, cut into stages, parallelized; then materialized as
+    # fake tensors (shapes, no storage)
+    model = _meta_model(plan, model_args)
+    parts = (
+        {0: model} if plan.pipeline is None else spec.pipelining_fn(model, plan.pipeline, pp_rank)
+    )
+    for stage, part in parts.items():
+        parts[stage] = spec.parallelize_fn(part, mesh, dims, job_config, device_type)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for part in parts.values():
+            part.to_empty(device="cpu")
+            with torch.no_grad():
+                part.init_weights()
+        optimizer = spec.build_optimizer_fn(list(parts.values()), job_config.optimizer)
+        batch = plan.pipeline.microbatch_size if plan.pipeline else t.local_batch_size
+        inflight = _microbatches_in_flight(plan, pp_rank)
+        stages = []
+        for i, (stage, part) in enumerate(parts.items()):
+            shape = (inflight, batch, t.seq_len // dims.cp)
+            stages.append(
+                _trace_stage(
+                    part, optimizer.optimizers[i], stage, plan, model_args, shape, job_config
+                )
+            )
+    state, local_parameters = _formula_state(parts, job_config)
+    # a rank's stages are traced one after the other: their peaks are added (an upper bound)
+    traced = {k: sum(s[k] for s in stages) for k in ROWS}
+    peak = sum(traced.values())
+    return {
+        "pp_rank": pp_rank,
+        "peak_gib": peak / GIB,
+        "breakdown_gib": {k: v / GIB for k, v in traced.items()},
+        "formula_gib": {k: v / GIB for k, v in state.items()},
+        "microbatches_in_flight": inflight,
+        "local_parameters": local_parameters,
+    }
+
+
+def _trace_stage(part, optimizer, stage, plan, model_args, shape, job_config) -> dict:
+    """Peak bytes of one stage over a training step, by kind: ``shape[0]`` micro-batches go
+    forward before the first goes backward (a pipeline's warm-up; 1 without pipelining), then the
+    optimizer steps; twice, as the first step creates the optimizer state. The tracker keeps the
+    peak over both."""
+
+    from torchtitan.parallelisms.parallelize_llama import loss_context
+
+    inflight, batch, seq = shape
+    first = plan.pipeline is None or stage == 0
+    last = plan.pipeline is None or stage == plan.pipeline.num_stages - 1
+    dtype = _param_dtype(job_config, _target[0])
+    tracker = _tracker(part, optimizer)
+    with tracker:
+        for _ in range(2):
+            losses = []
+            with loss_context(plan.dims, job_config), _autocast(plan, dtype):
+                for _ in range(inflight):
+                    tracker.reset_mod_stats()  # per-module statistics allow one call; peak stays
+                    losses.append(
+                        _stage_forward(part, plan, model_args, first, last, batch, seq, dtype)
+                    )
+            with loss_context(plan.dims, job_config):
+                for loss in losses:
+                    loss.backward()
+            del losses
+            optimizer.step()
+            optimizer.zero_grad()
+        snapshot = tracker.get_tracker_snapshot("peak")
+    by_kind = dict.fromkeys(ROWS, 0)
+    for device_snapshot in snapshot.values():
+        for kind, nbytes in device_snapshot.items():
+            row = _ROW_OF.get(str(kind).split(".")[-1])
+            if row is not None:
+                by_kind[row] += nbytes
+    return by_kind
+
+
+def _stage_forward(part, plan, model_args, first, last, batch, seq, dtype):
+    """A scalar to call backward on: the loss on the last stage, else a sum of the output."""
+    import torch
+
+    if first:
+        x = torch.randint(0, model_args.vocab_size, (batch, seq))
+    else:  # hidden states from the previous stage, in the compute dtype
+        x = torch.randn(batch, seq, model_args.dim, dtype=dtype, requires_grad=True)
+    out = part(x)
+    if last:
+        return plan.spec.loss_fn(out, torch.randint(0, model_args.vocab_size, (batch, seq)))
+    return out.float().sum()
+
+
+def _autocast(plan, dtype):
+    """train.py casts with autocast when FSDP does not (GPU, no FSDP); the CPU autocast stands in."""
+    import contextlib
+
+    import torch
+
+    if dtype != torch.float32 and not plan.dims.fsdp_enabled:
+        return torch.autocast("cpu", dtype=dtype)
+    return contextlib.nullcontext()
+
+
+_ROW_OF = {
+    "PARAM": "parameters",
+    "SHARDED_PARAM": "parameters",
+    "UNSHARDED_PARAM": "parameters",
+    "BUFFER": "parameters",
+    "GRAD": "gradients",
+    "SHARDED_GRAD": "gradients",
+    "UNSHARDED_GRAD": "gradients",
+    "OPT": "optimizer",
+    "ACT": "activations",
+    "TEMP": "temporaries",
+    "ALL_GATHER": "temporaries",
+    "REDUCE_SCATTER": "temporaries",
+    "INP": "inputs",
+}
+
+
+def _tracker(part, optimizer):
+    """PyTorch's memory tracker; its FSDP-aware kind tells gathered parameters from activations."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(part, FSDPModule):
+        tracker = FSDPMemTracker(mod=part, optm=optimizer)
+        tracker.track_inputs(())
+        return tracker
+    tracker = MemTracker()
+    tracker.track_external(part, optimizer)
+    return tracker
+
+
+def _formula_state(parts, job_config) -> tuple[dict, int]:
+    """Model state from the local parameter count: parameters in float32 (FSDP keeps float32
+    shards and casts for compute), gradients of the same size, and the optimizer's moments
+    (Adam and AdamW: two float32 tensors per parameter)."""
+    n = 0
+    for part in parts.values():
+        for p in part.parameters():
+            n += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+    moments = 2 if job_config.optimizer.name in ("Adam", "AdamW") else 0
+    return {"parameters": 4 * n, "gradients": 4 * n, "optimizer": 4 * moments * n}, n
+
+
+def _microbatches_in_flight(plan, pp_rank: int) -> int:
+    """How many micro-batches' activations a pipeline rank holds at its peak."""
+    p = plan.pipeline
+    if p is None:
+        return 1
+    if p.schedule == "GPipe":  # every forward before any backward
+        return p.n_microbatches
+    return min(p.n_microbatches, p.pp - pp_rank)  # 1F1B-style warm-up depth of this rank
+
+
+def format_table(e: dict) -> str:
+    lines = [
+        f"Memory estimate per device: {e['model']} ({e['parameters_total']:,} parameters), "
+        f"world size {e['world_size']}, {e['layout']}",
+        f"  local batch {e['local_batch_size']} x seq {e['seq_len']}, compute dtype "
+        f"{e['param_dtype']} ({e['device_type']} rules), activation checkpoint "
+        f"{e['activation_checkpoint']}"
+        + (f", pp rank {e['pp_rank']} (the larger)" if e["per_pp_rank"] else ""),
+        "",
+        f"  {'':14}{'traced at peak':>16}{'formula':>12}",
+    ]
+    for row in ROWS:
+        formula = e["formula_gib"].get(row)
+        f_text = f"{formula:10.3f}  " if formula is not None else " " * 12
+        lines.append(f"  {row:14}{e['breakdown_gib'][row]:14.3f}  {f_text}")
+    lines.append(f"  {'peak':14}{e['peak_gib']:14.3f}  GiB")
+    if e["microbatches_in_flight"] > 1:
+        lines.append(
+            f"  (traced with {e['microbatches_in_flight']} micro-batches forward before the first "
+            "backward, as the pipeline warm-up holds them)"
+        )
+    lines.append(
+        "  formula: steady state after the first step (float32 parameters and gradients, "
+        "2 float32 optimizer moments); the traced column is what is alive at the peak"
+    )
+    lines += [f"  note: {n}" for n in e["notes"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(run(main))

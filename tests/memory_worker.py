@@ -1,0 +1,45 @@
+"""Measure what a real training run adds to this process's peak memory (CPU, one process).
+
+    python tests/memory_worker.py [train.py arguments]
+
+Prints one JSON line: ``{"peak_above_start_gib": ...}``, the peak resident set size during
+``train.main`` minus the resident set size just before it, with the libraries a run uses imported
+beforehand so that their code pages count in neither. Used to check scripts/estimate_memory.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import datasets  # noqa: E402,F401  (imported before the baseline: code pages are not training memory)
+import tiktoken  # noqa: E402,F401
+import torch  # noqa: E402
+
+import train  # noqa: E402
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def main() -> int:
+    torch.set_num_threads(1)  # one thread: no per-thread scratch buffers in the measurement
+    start = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak (VmHWM) to the current resident set
+    rc = train.main(sys.argv[1:])
+    peak = _status_kib("VmHWM")
+    print(json.dumps({"rc": rc, "peak_above_start_gib": (peak - start) / 1024**2}), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
