@@ -32,6 +32,8 @@ from torchtitan.validate import Validator
 
 
 def train(job_config: JobConfig) -> None:
+    startup = utils.StartupTimer()  # logged after the first step
+
     # ---- processes, devices, seeds
     device = utils.init_device()
     utils.init_distributed(device)
@@ -55,6 +57,7 @@ def train(job_config: JobConfig) -> None:
     utils.set_determinism(seed, job_config.debug.deterministic)
     logger.info(f"Seed {seed}, deterministic={job_config.debug.deterministic}")
     gc_handler = utils.GarbageCollection(job_config.training.gc_freq)
+    startup.lap("config and process group")
 
     # ---- tokenizer and data
     t = job_config.training
@@ -87,6 +90,8 @@ def train(job_config: JobConfig) -> None:
             split="validation",
         )
 
+    startup.lap("tokenizer and data")
+
     # ---- model: described once, built on the meta device, cut into this rank's pipeline stages
     #      (a single part without pipelining), parallelized, then materialized
     model_args = dataclasses.replace(
@@ -100,10 +105,12 @@ def train(job_config: JobConfig) -> None:
         f"{flops_per_token:,} training FLOPs per token (seq_len {t.seq_len}), vocab {model_args.vocab_size}"
     )
     apply_converters(model, job_config)  # e.g. float8 linears, before any sharding
+    startup.lap("model on meta")
     parts = _split_into_stages(model, plan.pipeline, mesh, spec)  # {stage index: module}
     for stage, part in parts.items():
         parts[stage] = spec.parallelize_fn(part, mesh, dims, job_config, utils.device_type)
         _materialize(parts[stage], device, seed)
+    startup.lap("parallelize and materialize")
     model_parts = list(parts.values())
     _log_local_share(model_parts, nparams_total=nparams)
     pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
@@ -164,6 +171,7 @@ def train(job_config: JobConfig) -> None:
         metrics.close()
         return
     checkpointer.load()
+    startup.lap("optimizer, metrics, checkpoint")
     if train_state.step >= t.steps:
         logger.info(f"Already trained to step {train_state.step} of {t.steps}: nothing to do")
         metrics.close()
@@ -215,6 +223,10 @@ def train(job_config: JobConfig) -> None:
                 metrics.log_validation(step, *validator.run())
             checkpointer.maybe_save(step)
             profiler.step(step)
+            if startup is not None:  # first step of this run (compilation happens here)
+                startup.lap("first step")
+                logger.info(startup.summary())
+                startup = None
     checkpointer.close()  # the last background save, if any, is written and marked complete
     metrics.close()
     logger.info("Training finished")

@@ -11,15 +11,21 @@ def read_scalars(dump_folder: str | Path, tag: str = "loss") -> dict[int, float]
     """``{step: value}`` of one scalar over every TensorBoard run of a job (a resumed job writes
     a new run; later runs override earlier ones at the same step). ``dump_folder`` may also be
     its ``tb`` folder or one run's folder."""
+    return {step: value for step, (_, value) in read_events(dump_folder, tag).items()}
+
+
+def read_events(dump_folder: str | Path, tag: str = "loss") -> dict[int, tuple[float, float]]:
+    """``{step: (wall time, value)}``: as :func:`read_scalars`, with when each point was written
+    (seconds since the epoch), from which benchmarks take step times."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     runs = _runs(Path(dump_folder))
-    merged: dict[int, float] = {}
+    merged: dict[int, tuple[float, float]] = {}
     for run in runs:
         acc = EventAccumulator(str(run), size_guidance={"scalars": 0})  # 0: keep every point
         acc.Reload()
         if tag in acc.Tags().get("scalars", []):
-            merged.update({e.step: e.value for e in acc.Scalars(tag)})
+            merged.update({e.step: (e.wall_time, e.value) for e in acc.Scalars(tag)})
     if not merged:
         raise TorchTitanError(f"{dump_folder}: no '{tag}' scalars in its TensorBoard events")
     return merged

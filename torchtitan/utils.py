@@ -5,10 +5,13 @@ from __future__ import annotations
 import gc
 import os
 import random
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+_IMPORTED_AT = time.perf_counter()
 
 # One code path: CUDA + NCCL when there is a GPU, else CPU + gloo.
 device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -156,3 +159,33 @@ def clip_grad_norm_(
         total = squared.sqrt()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     return total
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux ``/proc``), else since this module was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED_AT
+
+
+class StartupTimer:
+    """Where the time from process start to the first finished step goes, phase by phase."""
+
+    def __init__(self) -> None:
+        self.phases: list[tuple[str, float]] = [("start and imports", process_age())]
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases.append((phase, now - self._last))
+        self._last = now
+
+    def summary(self) -> str:
+        total = sum(s for _, s in self.phases)
+        parts = ", ".join(f"{name} {s:.2f}s" for name, s in self.phases)
+        return f"Start-up {total:.2f}s to the first finished step: {parts}"

@@ -1,0 +1,136 @@
+"""Training throughput of the real train.py path, one row per setting.
+
+    python benchmarks/train_throughput.py [--config FILE] [--ngpu N] [--steps 30] [--warmup 10]
+        [--setting NAME=OVERRIDES ...] [--json] [-- extra train.py arguments for every setting]
+
+Each setting is a name and the ``--section.key value`` overrides it adds, e.g.
+``--setting "compile=--compile.enable"`` or ``--setting "ac full=--activation_checkpoint.mode full"``
+(``NAME=`` alone is the config as it is). Every setting runs ``./run_llama_train.sh`` (torchrun,
+``NGPU`` processes) in a fresh dump folder with TensorBoard on and ``metrics.log_freq 1``, then the
+table is built from rank 0's TensorBoard events of the steps after ``--warmup``:
+
+* step time: the median gap between consecutive steps' event wall times (the whole loop,
+  logging included);
+* tokens/s per device, TFLOPs per device and MFU: the median of the logged values (see
+  docs/metrics.md; MFU is n/a on CPU);
+* peak memory: the largest logged peak (GPU: max allocated; CPU: peak resident set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="train_configs/debug_model.toml")
+    parser.add_argument("--ngpu", type=int, default=1, help="processes (GPUs) per run")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=10, help="first steps left out")
+    parser.add_argument("--setting", action="append", default=[], help="NAME=OVERRIDES")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep", help="keep the runs' dump folders under this folder")
+    a, extra = parser.parse_known_args()
+    extra = [x for x in extra if x != "--"]
+    if a.warmup + 2 > a.steps:
+        parser.error(f"--steps {a.steps} must exceed --warmup {a.warmup} by at least 2")
+    settings = [_parse_setting(s, parser) for s in (a.setting or ["default="])]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
+        base = Path(a.keep or tmp)
+        for i, (name, overrides) in enumerate(settings):
+            dump = base / f"run{i}"
+            args = [*extra, *overrides, "--training.steps", str(a.steps),
+                    "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "true",
+                    "--metrics.save_tb_folder", "tb", "--job.dump_folder", str(dump)]  # fmt: skip
+            rc, tail = _run(a.config, a.ngpu, args)
+            if rc != 0:
+                rows.append({"setting": name, "error": tail})
+                continue
+            rows.append({"setting": name, **summarize(dump, a.warmup)})
+    if a.json:
+        print(json.dumps({"config": a.config, "ngpu": a.ngpu, "rows": rows}))
+    else:
+        print(format_table(rows, a.config, a.ngpu, a.steps, a.warmup))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def _parse_setting(text: str, parser) -> tuple[str, list[str]]:
+    if "=" not in text:
+        parser.error(f"--setting {text!r}: give NAME=OVERRIDES, e.g. 'compile=--compile.enable'")
+    name, overrides = text.split("=", 1)
+    return name.strip(), shlex.split(overrides)
+
+
+def _run(config: str, ngpu: int, args: list[str]) -> tuple[int, str]:
+    env = dict(os.environ, CONFIG_FILE=config, NGPU=str(ngpu), LOG_RANK="0")
+    out = subprocess.run(
+        ["bash", str(ROOT / "run_llama_train.sh"), *args],
+        cwd=ROOT, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    return out.returncode, next(
+        (ln for ln in reversed(lines) if ln.startswith("error")), lines[-1] if lines else ""
+    )
+
+
+def summarize(dump: Path, warmup: int) -> dict:
+    """The measured steps (after ``warmup``) of one run, from rank 0's TensorBoard events."""
+    from torchtitan.tb_events import read_events, read_scalars
+
+    tb = dump / "tb"
+    if (tb / "rank_0").is_dir():  # metrics.save_for_all_ranks
+        tb = tb / "rank_0"
+    times = read_events(tb, "loss")
+    steps = sorted(s for s in times if s > warmup)
+    gaps = [times[s][0] - times[s - 1][0] for s in steps if s - 1 in times]
+
+    def median(tag: str) -> float | None:
+        try:
+            values = read_scalars(tb, tag)
+        except Exception:
+            return None
+        return statistics.median(values[s] for s in steps if s in values)
+
+    memory = read_scalars(tb, "memory/peak_active_gib")
+    return {
+        "steps_measured": len(gaps),
+        "step_time_s": statistics.median(gaps),
+        "tokens_per_s_per_device": median("throughput/tps"),
+        "tflops_per_device": median("throughput/tflops"),
+        "mfu_pct": median("throughput/mfu_pct"),
+        "peak_memory_gib": max(memory[s] for s in steps if s in memory),
+        "final_loss": read_scalars(tb, "loss")[max(times)],
+    }
+
+
+def format_table(rows: list[dict], config: str, ngpu: int, steps: int, warmup: int) -> str:
+    head = (f"{'setting':24} {'tokens/s/dev':>13} {'TFLOPs/dev':>11} {'MFU':>7} "
+            f"{'peak GiB':>9} {'step s':>8} {'loss':>7}")  # fmt: skip
+    lines = [f"{config}, {ngpu} process(es), steps {warmup + 1}-{steps} measured", head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['setting']:24} failed: {r['error']}")
+            continue
+        mfu = f"{r['mfu_pct']:6.1f}%" if r["mfu_pct"] is not None else "    n/a"
+        lines.append(
+            f"{r['setting']:24} {r['tokens_per_s_per_device']:13,.0f} "
+            f"{r['tflops_per_device']:11.2f} {mfu} {r['peak_memory_gib']:9.2f} "
+            f"{r['step_time_s']:8.3f} {r['final_loss']:7.4f}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The data loader throughput benchmark (benchmarks/dataloader_throughput.py) runs and reports
+sane numbers. No timing thresholds: performance is shown by the benchmark, not asserted here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "dataloader_throughput.py"
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("dataloader_throughput", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = load_module()
+
+
+def run_bench(tmp_path: Path, *args: str) -> dict:
+    """Run the benchmark in its own process (it pins itself to one core) with private caches."""
+    env = dict(
+        os.environ,
+        TORCHTITAN_CACHE=str(tmp_path / "torchtitan_cache"),
+        HF_DATASETS_CACHE=str(tmp_path / "hf_cache"),
+        HF_HUB_OFFLINE="1",
+    )
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--json", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def check_row(row: dict, *, batches: int, local_batch_size: int, seq_len: int) -> None:
+    assert row["batches"] == batches
+    assert row["tokens"] == batches * local_batch_size * seq_len
+    assert row["seconds"] > 0 and row["cpu_seconds"] >= 0
+    assert row["tokens_per_s"] > 0
+    assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["seconds"], rel=1e-3)
+    assert row["headroom"] == pytest.approx(row["tokens_per_s"] / 9000, rel=1e-3, abs=1e-3)
+    assert row["pass"] == (row["headroom"] >= 3.0)
+    assert row["ms_per_batch"] == pytest.approx(row["seconds"] / batches * 1e3, rel=1e-3, abs=1e-3)
+    assert row["first_batch_ms"] > 0 and row["prep_s"] >= 0 and row["tokenizer_load_s"] >= 0
+    assert row["chars_per_token"] > 0
+    assert row["torch_threads"] == 1
+
+
+def test_target_arithmetic():
+    # 6 x 8.0e9 + 6 x 32 x 4096 x 8192 = 48e9 + 6.442e9 FLOPs per token
+    assert BENCH.FLOPS_PER_TOKEN == pytest.approx(54.442e9, rel=1e-4)
+    per_gpu = [m * 989e12 / BENCH.FLOPS_PER_TOKEN for m in (0.33, 0.39)]
+    assert per_gpu == pytest.approx([5995, 7085], abs=1)
+    assert BENCH.GPU_TOKENS_PER_S == 9000 and BENCH.REQUIRED_HEADROOM == 3
+    assert "5,995" in BENCH.TARGET_DERIVATION and "7,085" in BENCH.TARGET_DERIVATION
+
+
+def test_debug_corpus_cold_cache(tmp_path):
+    """The default setting (python_docs, test tokenizer, batch 1 x 8192) on a fresh cache."""
+    result = run_bench(tmp_path, "--batches", "3", "--cold")
+    assert result["benchmark"] == "dataloader_throughput"
+    cfg = result["config"]
+    assert cfg["dataset"] == "python_docs" and cfg["cold"] is True
+    assert (cfg["local_batch_size"], cfg["seq_len"], cfg["dp_world_size"]) == (1, 8192, 1)
+    assert result["host"]["threads_pinned"] is True
+    assert result["target"]["gpu_tokens_per_s"] == 9000
+    (row,) = result["rows"]
+    check_row(row, batches=3, local_batch_size=1, seq_len=8192)
+    assert row["cache"] == "fresh" and row["tokenizer_words"] == 2256
+    assert Path(row["tokenizer"]).name == "tiktoken.model"
+    assert result["pass"] == row["pass"]
+    assert any("128,256" in note for note in result["caveats"])  # the small-vocab caveat
+    # --cold used its own temporary cache, not the one in the environment
+    assert not (tmp_path / "torchtitan_cache" / "pydoc_corpus").exists()
+
+
+def test_local_dataset_sharded_over_ranks(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    with open(data / "d.jsonl", "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": f"document number {i} " + "word " * (i % 7 + 3)}) + "\n")
+    result = run_bench(
+        tmp_path,
+        "--dataset-path", str(data),
+        "--local-batch-size", "2",
+        "--seq-len", "16",
+        "--dp-world-size", "2",
+        "--dp-rank", "all",
+        "--batches", "4",
+    )  # fmt: skip
+    assert result["config"]["dataset_path"] == str(data)
+    rows = result["rows"]
+    assert [r["dp_rank"] for r in rows] == [0, 1]
+    assert [r["virtual_shards"] for r in rows] == [[0, 1, 4], [2, 3, 4]]
+    assert [r["rows_on_rank"] for r in rows] == [20, 20]
+    assert rows[0]["first_tokens"] != rows[1]["first_tokens"]  # each rank reads its own shards
+    for r in rows:
+        check_row(r, batches=4, local_batch_size=2, seq_len=16)
+    assert result["pass"] == all(r["pass"] for r in rows)
+
+
+def test_locally_trained_bpe(tmp_path):
+    pytest.importorskip("tokenizers")
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": f"row {i} of the data"}) + "\n" for i in range(8)))
+    cache = tmp_path / "bpe"
+    args = ["--dataset-path", str(data), "--seq-len", "8", "--batches", "2"]
+    args += ["--bpe-vocab", "400", "--bpe-train-mb", "1", "--bpe-cache", str(cache)]
+    result = run_bench(tmp_path, *args)
+    test_row, bpe_row = result["rows"]
+    assert test_row["tokenizer_words"] == 2256
+    assert bpe_row["tokenizer_words"] == 400 + 256  # mergeable tokens + Llama 3 special tokens
+    assert bpe_row["setting"].startswith("local BPE")
+    (model,) = cache.glob("*.model")
+    assert Path(bpe_row["tokenizer"]) == model
+    check_row(bpe_row, batches=2, local_batch_size=1, seq_len=8)
