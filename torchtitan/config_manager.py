@@ -68,6 +68,11 @@ class Model:
     converters: list[str] = opt(
         [], "Model converters applied to the meta model before parallelism: float8 (GPU only)"
     )
+    norm_type: str = opt(
+        "rmsnorm",
+        "RMSNorm implementation: eager, torch.compile'd, or a Triton kernel (CUDA only); same weights",
+        choices=("rmsnorm", "compiled_rmsnorm", "fused_rmsnorm"),
+    )
 
 
 @dataclass

@@ -7,9 +7,13 @@ reported once, before torchrun starts any worker (and without torchrun's failure
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from torchtitan import utils
 from torchtitan.config_manager import JobConfig, parse_args
@@ -55,7 +59,10 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
     check_dataset_config(t.dataset, t.dataset_path)
     _check_validation(job_config, dims)
     spec = get_train_spec(job_config.model.name)
-    model_args = get_model_args(job_config.model.name, job_config.model.flavor)
+    model_args = dataclasses.replace(
+        get_model_args(job_config.model.name, job_config.model.flavor),
+        norm_type=job_config.model.norm_type,
+    )
     _check_model_fits_layout(dims, model_args)
     _check_sequence_split(dims, t.seq_len)
     pipeline = check_pipeline_config(job_config, model_args, dims) if dims.pp > 1 else None
@@ -122,6 +129,7 @@ def _check_device_features(job_config: JobConfig, device_type: str) -> None:
     p = job_config.parallelism
     tp = p.tensor_parallel_degree
     check_converters(job_config, device_type, tp)
+    _check_norm_type(job_config.model.norm_type, device_type)
     if job_config.parallelism.enable_async_tensor_parallel:
         key = "parallelism.enable_async_tensor_parallel"
         if device_type != "cuda":
@@ -133,6 +141,26 @@ def _check_device_features(job_config: JobConfig, device_type: str) -> None:
                 f"{key}: needs parallelism.tensor_parallel_degree > 1 and compile.enable = true "
                 f"(got tp={tp}, compile.enable={job_config.compile.enable})"
             )
+
+
+def _check_norm_type(norm_type: str, device_type: str) -> None:
+    """fused_rmsnorm is a Triton kernel: CUDA only. It works with tensor parallel (sequence
+    parallel norms run it on each rank's local rows), so the layout is not restricted."""
+    if norm_type != "fused_rmsnorm":
+        return
+    key = "model.norm_type"
+    if device_type != "cuda":
+        raise ConfigError(
+            f"{key}: fused_rmsnorm needs a CUDA GPU (Triton); use rmsnorm or compiled_rmsnorm "
+            f"on {device_type}"
+        )
+    # Only where the kernel will really run: a memory estimate for a CUDA target may be made on a
+    # machine without GPU or triton.
+    if torch.cuda.is_available() and importlib.util.find_spec("triton") is None:
+        raise ConfigError(
+            f"{key}: fused_rmsnorm needs the triton package, which is not installed: "
+            "pip install triton, or use rmsnorm or compiled_rmsnorm"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,9 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtitan.models.norms import NORM_TYPES, RMSNorm, build_norm
+
 __all__ = [
     "ModelArgs",
+    "NORM_TYPES",
     "RMSNorm",
+    "build_norm",
     "Attention",
     "FeedForward",
     "TransformerBlock",
@@ -64,8 +68,12 @@ class ModelArgs:
     max_seq_len: int = 2048  # length of the precomputed rotary table
     tie_word_embeddings: bool = False  # output.weight is tok_embeddings.weight
     depth_init: bool = True  # scale wo/w2 init by the layer's depth rather than by n_layers
+    # RMSNorm implementation (same math and parameter, see torchtitan/models/norms.py)
+    norm_type: str = "rmsnorm"
 
     def __post_init__(self) -> None:
+        if self.norm_type not in NORM_TYPES:
+            raise ValueError(f"norm_type {self.norm_type!r} is not one of: {', '.join(NORM_TYPES)}")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.dim % self.n_heads != 0:
@@ -191,23 +199,6 @@ def _trunc_normal_(weight: torch.Tensor, std: float, clip_stds: float = 3.0) -> 
         weight.copy_(sample)
 
 
-class RMSNorm(nn.Module):
-    """Root-mean-square layer norm with a learned scale, computed in float32 and cast back."""
-
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
-
-
 class CausalAttention(nn.Module):
     """Causal scaled dot-product attention: queries ``[B, H, T, D]``, keys and values
     ``[B, H_kv, T, D]`` -> ``[B, H, T, D]``.
@@ -290,9 +281,9 @@ class TransformerBlock(nn.Module):
         self.layer_id = layer_id
         self.n_layers = args.n_layers
         self.depth_init = args.depth_init
-        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
         self.attention = Attention(args)
-        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim())
 
     def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
@@ -338,7 +329,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict(
             {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
         )
-        self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
+        self.norm: RMSNorm | None = build_norm(args.norm_type, args.dim, args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
