@@ -59,14 +59,14 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from datasets import Dataset, DatasetDict, IterableDataset, load_dataset, load_from_disk
-from datasets.distributed import split_dataset_by_node
-from datasets.exceptions import DatasetNotFoundError
 
 from torchtitan.datasets import pydoc_corpus
+
+if TYPE_CHECKING:  # ``datasets`` takes ~0.5 s to import: only where data is read (not preflight)
+    from datasets import Dataset, IterableDataset
 from torchtitan.errors import ConfigError, DataError
 
 logger = logging.getLogger("torchtitan")
@@ -198,6 +198,8 @@ def _load_local(
 ) -> Dataset | IterableDataset:
     """Load a local file or folder through ``datasets``."""
     if path.is_dir() and _is_saved_dataset(path):
+        from datasets import DatasetDict, load_from_disk
+
         ds = load_from_disk(str(path))
         if isinstance(ds, DatasetDict):
             if split not in ds:
@@ -224,10 +226,19 @@ def _load_local(
     return load_dataset(kind, data_files={split: files}, split=split, streaming=streaming, **extra)
 
 
+def load_dataset(*args: Any, **kwargs: Any) -> Dataset | IterableDataset:
+    """``datasets.load_dataset``, imported on first use."""
+    from datasets import load_dataset as load
+
+    return load(*args, **kwargs)
+
+
 def _load_hub(
     hub_id: str, *, name: str | None, split: str, streaming: bool, key: str
 ) -> Dataset | IterableDataset:
     """Load a Hub dataset; a dataset that cannot be found or reached is a ConfigError."""
+    from datasets.exceptions import DatasetNotFoundError
+
     try:
         return load_dataset(hub_id, name=name, split=split, streaming=streaming)
     except (DatasetNotFoundError, ConnectionError, FileNotFoundError) as e:
@@ -326,6 +337,8 @@ class _ShardReader:
         self.index = index
         self._loader = loader
         self._ds = ds
+        from datasets import IterableDataset
+
         self.streaming = isinstance(ds, IterableDataset)
         field = loader.text_field
         if not self.streaming:
@@ -539,6 +552,9 @@ class HFDataLoader:
         per_rank = self.virtual_shards // dp_world_size
         self.shards = range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
         ds = source.dataset
+        from datasets import IterableDataset
+        from datasets.distributed import split_dataset_by_node
+
         if not isinstance(ds, IterableDataset) and len(ds) < self.virtual_shards:
             raise DataError(
                 f"dataset '{self.label}' has {len(ds)} rows, fewer than its "
