@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LINE = re.compile(r"Start-up ([\d.]+)s to the first finished step: (.*)")
+LINE = re.compile(r"Start-up ([\d.]+)s, process start to the end of the first step \((.*)\)")
 PHASE = re.compile(r"(.+?) ([\d.]+)s(?:, |$)")
 
 

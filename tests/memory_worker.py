@@ -20,6 +20,7 @@ import tiktoken  # noqa: E402,F401
 import torch  # noqa: E402
 
 import train  # noqa: E402
+from torchtitan import metrics  # noqa: E402
 
 
 def _status_kib(field: str) -> int:
@@ -32,11 +33,21 @@ def _status_kib(field: str) -> int:
 
 def main() -> int:
     torch.set_num_threads(1)  # one thread: no per-thread scratch buffers in the measurement
+    # The training loop resets the peak after each logged step (metrics.log_freq): keep the peak
+    # of every interval before it is reset.
+    peaks = []
+    reset = metrics.reset_peak_memory
+
+    def keep_peak_then_reset() -> None:
+        peaks.append(_status_kib("VmHWM"))
+        reset()
+
+    metrics.reset_peak_memory = keep_peak_then_reset
     start = _status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak (VmHWM) to the current resident set
     rc = train.main(sys.argv[1:])
-    peak = _status_kib("VmHWM")
+    peak = max([*peaks, _status_kib("VmHWM")])
     print(json.dumps({"rc": rc, "peak_above_start_gib": (peak - start) / 1024**2}), flush=True)
     return rc
 

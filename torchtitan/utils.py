@@ -188,4 +188,4 @@ class StartupTimer:
     def summary(self) -> str:
         total = sum(s for _, s in self.phases)
         parts = ", ".join(f"{name} {s:.2f}s" for name, s in self.phases)
-        return f"Start-up {total:.2f}s to the first finished step: {parts}"
+        return f"Start-up {total:.2f}s, process start to the end of the first step ({parts})"
