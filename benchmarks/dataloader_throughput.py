@@ -27,7 +27,6 @@ setting; it is cached, so only the first run pays for training (about a minute).
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import platform
@@ -67,22 +66,6 @@ TARGET_DERIVATION = (
 BPE_FORMAT_VERSION = 1
 
 
-def _gpt2_unicode_to_byte() -> dict[str, int]:
-    """The byte-level BPE alphabet: each byte is shown as one printable character."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("\N{INVERTED EXCLAMATION MARK}"), ord("\N{NOT SIGN}") + 1),
-        *range(ord("\N{REGISTERED SIGN}"), ord("\N{LATIN SMALL LETTER Y WITH DIAERESIS}") + 1),
-    ]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return {c: b for b, c in chars.items()}
-
-
 def _training_texts(limit_bytes: int):
     """Python sources of this interpreter's site-packages, sorted by path, up to the limit: local
     text that is not the benchmark's (the debug corpus comes from the standard library)."""
@@ -112,6 +95,10 @@ def train_bpe(out: str, vocab: int, train_mb: int) -> dict:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers.models import BPE
 
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from build_test_tokenizers import tiktoken_file_bytes
+
+    from torchtitan.datasets.hf_tokenizer import byte_to_unicode
     from torchtitan.datasets.tokenizer import LLAMA3_SPLIT_PATTERN, TikTokenizer
 
     t0 = time.perf_counter()
@@ -129,15 +116,13 @@ def train_bpe(out: str, vocab: int, train_mb: int) -> dict:
         show_progress=False,
     )
     hf.train_from_iterator(_training_texts(train_mb << 20), trainer)
-    to_byte = _gpt2_unicode_to_byte()
+    to_byte = {c: b for b, c in byte_to_unicode().items()}
     # ids are merge order (the 256 bytes, then each merge), which is tiktoken's rank order
     ranks = {bytes(to_byte[c] for c in token): i for token, i in hf.get_vocab().items()}
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise RuntimeError("trained BPE ids are not 0..N-1")
     tmp = f"{out}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="ascii") as f:
-        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-            f.write(f"{base64.b64encode(token).decode()} {rank}\n")
+    Path(tmp).write_bytes(tiktoken_file_bytes(ranks))
     check = TikTokenizer(tmp)
     sample = "".join(_training_texts(256 << 10))[: 256 << 10]
     if check.encode(sample, bos=False, eos=False) != hf.encode(sample).ids:

@@ -87,31 +87,30 @@ def _run(config: str, ngpu: int, args: list[str]) -> tuple[int, str]:
 
 def summarize(dump: Path, warmup: int) -> dict:
     """The measured steps (after ``warmup``) of one run, from rank 0's TensorBoard events."""
-    from torchtitan.tb_events import read_events, read_scalars
+    from torchtitan.tb_events import read_all_events
 
     tb = dump / "tb"
     if (tb / "rank_0").is_dir():  # metrics.save_for_all_ranks
         tb = tb / "rank_0"
-    times = read_events(tb, "loss")
+    events = read_all_events(tb)  # every tag, the event files read once
+    times = events["loss"]
     steps = sorted(s for s in times if s > warmup)
     gaps = [times[s][0] - times[s - 1][0] for s in steps if s - 1 in times]
 
     def median(tag: str) -> float | None:
-        try:
-            values = read_scalars(tb, tag)
-        except Exception:
-            return None
-        return statistics.median(values[s] for s in steps if s in values)
+        values = events.get(tag, {})
+        measured = [values[s][1] for s in steps if s in values]
+        return statistics.median(measured) if measured else None
 
-    memory = read_scalars(tb, "memory/peak_active_gib")
+    memory = events["memory/peak_active_gib"]
     return {
         "steps_measured": len(gaps),
         "step_time_s": statistics.median(gaps),
         "tokens_per_s_per_device": median("throughput/tps"),
         "tflops_per_device": median("throughput/tflops"),
         "mfu_pct": median("throughput/mfu_pct"),
-        "peak_memory_gib": max(memory[s] for s in steps if s in memory),
-        "final_loss": read_scalars(tb, "loss")[max(times)],
+        "peak_memory_gib": max(memory[s][1] for s in steps if s in memory),
+        "final_loss": times[max(times)][1],
     }
 
 

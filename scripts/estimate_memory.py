@@ -31,7 +31,6 @@ import warnings
 from _common import run
 
 GIB = 1024**3
-_target = ["cuda"]  # the device type whose dtype rules apply
 ROWS = ("parameters", "gradients", "optimizer", "activations", "temporaries", "inputs")
 
 
@@ -163,7 +162,6 @@ def _ac_name(job_config) -> str:
 
 def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) -> dict:
     """Build this rank's parallelized stages on fake tensors and trace two training steps."""
-    _target[0] = device_type
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -185,14 +183,12 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
         optimizer = spec.build_optimizer_fn(list(parts.values()), job_config.optimizer)
         batch = plan.pipeline.microbatch_size if plan.pipeline else t.local_batch_size
         inflight = _microbatches_in_flight(plan, pp_rank)
-        stages = []
-        for i, (stage, part) in enumerate(parts.items()):
-            shape = (inflight, batch, t.seq_len // dims.cp)
-            stages.append(
-                _trace_stage(
-                    part, optimizer.optimizers[i], stage, plan, model_args, shape, job_config
-                )
-            )
+        shape = (inflight, batch, t.seq_len // dims.cp)
+        dtype = _param_dtype(job_config, device_type)
+        stages = [
+            _trace_stage(part, opt, stage, plan, model_args, shape, dtype, job_config)
+            for (stage, part), opt in zip(parts.items(), optimizer.optimizers)
+        ]
     state, local_parameters = _formula_state(parts, job_config)
     # a rank's stages are traced one after the other: their peaks are added (an upper bound)
     traced = {k: sum(s[k] for s in stages) for k in ROWS}
@@ -207,7 +203,7 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
     }
 
 
-def _trace_stage(part, optimizer, stage, plan, model_args, shape, job_config) -> dict:
+def _trace_stage(part, optimizer, stage, plan, model_args, shape, dtype, job_config) -> dict:
     """Peak bytes of one stage over a training step, by kind: ``shape[0]`` micro-batches go
     forward before the first goes backward (a pipeline's warm-up; 1 without pipelining), then the
     optimizer steps; twice, as the first step creates the optimizer state. The tracker keeps the
@@ -218,7 +214,6 @@ def _trace_stage(part, optimizer, stage, plan, model_args, shape, job_config) ->
     inflight, batch, seq = shape
     first = plan.pipeline is None or stage == 0
     last = plan.pipeline is None or stage == plan.pipeline.num_stages - 1
-    dtype = _param_dtype(job_config, _target[0])
     tracker = _tracker(part, optimizer)
     with tracker:
         for _ in range(2):

@@ -21,14 +21,7 @@ import torch  # noqa: E402
 
 import train  # noqa: E402
 from torchtitan import metrics  # noqa: E402
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
+from torchtitan.utils import proc_status_kib  # noqa: E402
 
 
 def main() -> int:
@@ -39,15 +32,15 @@ def main() -> int:
     reset = metrics.reset_peak_memory
 
     def keep_peak_then_reset() -> None:
-        peaks.append(_status_kib("VmHWM"))
+        peaks.append(proc_status_kib("VmHWM"))
         reset()
 
     metrics.reset_peak_memory = keep_peak_then_reset
-    start = _status_kib("VmRSS")
+    start = proc_status_kib("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset the peak (VmHWM) to the current resident set
     rc = train.main(sys.argv[1:])
-    peak = max([*peaks, _status_kib("VmHWM")])
+    peak = max([*peaks, proc_status_kib("VmHWM")])
     print(json.dumps({"rc": rc, "peak_above_start_gib": (peak - start) / 1024**2}), flush=True)
     return rc
 

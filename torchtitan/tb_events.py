@@ -17,17 +17,23 @@ def read_scalars(dump_folder: str | Path, tag: str = "loss") -> dict[int, float]
 def read_events(dump_folder: str | Path, tag: str = "loss") -> dict[int, tuple[float, float]]:
     """``{step: (wall time, value)}``: as :func:`read_scalars`, with when each point was written
     (seconds since the epoch), from which benchmarks take step times."""
+    events = read_all_events(dump_folder).get(tag)
+    if not events:
+        raise TorchTitanError(f"{dump_folder}: no '{tag}' scalars in its TensorBoard events")
+    return events
+
+
+def read_all_events(dump_folder: str | Path) -> dict[str, dict[int, tuple[float, float]]]:
+    """Every scalar tag's ``{step: (wall time, value)}``, each run's event files read once."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    runs = _runs(Path(dump_folder))
-    merged: dict[int, tuple[float, float]] = {}
-    for run in runs:
+    merged: dict[str, dict[int, tuple[float, float]]] = {}
+    for run in _runs(Path(dump_folder)):
         acc = EventAccumulator(str(run), size_guidance={"scalars": 0})  # 0: keep every point
         acc.Reload()
-        if tag in acc.Tags().get("scalars", []):
-            merged.update({e.step: (e.wall_time, e.value) for e in acc.Scalars(tag)})
-    if not merged:
-        raise TorchTitanError(f"{dump_folder}: no '{tag}' scalars in its TensorBoard events")
+        for tag in acc.Tags().get("scalars", []):
+            points = {e.step: (e.wall_time, e.value) for e in acc.Scalars(tag)}
+            merged.setdefault(tag, {}).update(points)
     return merged
 
 

@@ -131,11 +131,15 @@ def reset_peak_memory() -> None:
 
 def _rss_gib() -> float:
     try:
-        with open("/proc/self/status") as f:
-            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-        return kib / 1024**2
+        return proc_status_kib("VmHWM") / 1024**2
     except (OSError, ValueError, StopIteration):
         return float("nan")
+
+
+def proc_status_kib(field: str) -> int:
+    """A memory field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...) in KiB (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
