@@ -101,7 +101,8 @@ def train(job_config: JobConfig) -> None:
         model = spec.cls(model_args)
     nparams, flops_per_token = spec.nparams_and_flops_fn(model, model_args, t.seq_len)
     logger.info(
-        f"Model {job_config.model.name} {job_config.model.flavor}: {nparams:,} parameters, "
+        f"Model {job_config.model.name} {job_config.model.flavor}{_layers_note(job_config)}: "
+        f"{nparams:,} parameters, "
         f"{flops_per_token:,} training FLOPs per token (seq_len {t.seq_len}), vocab {model_args.vocab_size}"
     )
     apply_converters(model, job_config)  # e.g. float8 linears, before any sharding
@@ -230,6 +231,11 @@ def train(job_config: JobConfig) -> None:
     checkpointer.close()  # the last background save, if any, is written and marked complete
     metrics.close()
     logger.info("Training finished")
+
+
+def _layers_note(job_config) -> str:
+    n = job_config.model.n_layers
+    return f" cut to {n} layers (model.n_layers)" if n else ""
 
 
 def _split_into_stages(model, pipeline_plan, mesh, spec) -> dict:

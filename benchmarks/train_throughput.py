@@ -13,7 +13,10 @@ table is built from rank 0's TensorBoard events of the steps after ``--warmup``:
   logging included);
 * tokens/s per device, TFLOPs per device and MFU: the median of the logged values (see
   docs/metrics.md; MFU is n/a on CPU);
-* peak memory: the largest logged peak (GPU: max allocated; CPU: peak resident set).
+* peak memory: the largest logged peak (GPU: max allocated; CPU: peak resident set);
+* speed and loss gap against the first setting: its tokens/s ratio, and the largest per-step
+  |loss difference| over all steps (seeds and data are the same, so a float8 or compile setting
+  shows here whether it trains like the baseline).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def main() -> int:
                 rows.append({"setting": name, "error": tail})
                 continue
             rows.append({"setting": name, **summarize(dump, a.warmup)})
+    compare_to_first(rows)
     if a.json:
         print(json.dumps({"config": a.config, "ngpu": a.ngpu, "rows": rows}))
     else:
@@ -111,12 +115,27 @@ def summarize(dump: Path, warmup: int) -> dict:
         "mfu_pct": median("throughput/mfu_pct"),
         "peak_memory_gib": max(memory[s][1] for s in steps if s in memory),
         "final_loss": times[max(times)][1],
+        "losses": {s: times[s][1] for s in sorted(times)},  # every step, warm-up included
     }
+
+
+def compare_to_first(rows: list[dict]) -> None:
+    """Add each row's speed and its largest per-step loss gap, both against the first row."""
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return
+    first = ok[0]
+    for r in ok:
+        common = set(r["losses"]) & set(first["losses"])
+        r["speedup_vs_first"] = r["tokens_per_s_per_device"] / first["tokens_per_s_per_device"]
+        r["max_loss_gap_vs_first"] = max(
+            (abs(r["losses"][s] - first["losses"][s]) for s in common), default=None
+        )
 
 
 def format_table(rows: list[dict], config: str, ngpu: int, steps: int, warmup: int) -> str:
     head = (f"{'setting':24} {'tokens/s/dev':>13} {'TFLOPs/dev':>11} {'MFU':>7} "
-            f"{'peak GiB':>9} {'step s':>8} {'loss':>7}")  # fmt: skip
+            f"{'peak GiB':>9} {'step s':>8} {'loss':>7} {'speed':>6} {'loss gap':>9}")  # fmt: skip
     lines = [f"{config}, {ngpu} process(es), steps {warmup + 1}-{steps} measured", head]
     for r in rows:
         if "error" in r:
@@ -126,8 +145,13 @@ def format_table(rows: list[dict], config: str, ngpu: int, steps: int, warmup: i
         lines.append(
             f"{r['setting']:24} {r['tokens_per_s_per_device']:13,.0f} "
             f"{r['tflops_per_device']:11.2f} {mfu} {r['peak_memory_gib']:9.2f} "
-            f"{r['step_time_s']:8.3f} {r['final_loss']:7.4f}"
+            f"{r['step_time_s']:8.3f} {r['final_loss']:7.4f} "
+            f"{r['speedup_vs_first']:5.2f}x {r['max_loss_gap_vs_first']:9.2e}"
         )
+    lines.append(
+        "speed: tokens/s against the first setting; loss gap: the largest |loss difference| from "
+        "the first setting at any step (1 to the last)"
+    )
     return "\n".join(lines)
 
 

@@ -26,7 +26,7 @@ def _bench(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
 def test_train_throughput_table_from_the_real_runs(tmp_path):
     out = _bench(tmp_path, "train_throughput.py", "--steps", "5", "--warmup", "2", "--json",
                  "--setting", "base=", "--setting", "broken=--training.local_batch_size 0",
-                 "--", *SMALL)  # fmt: skip
+                 "--setting", "seed7=--debug.seed 7", "--", *SMALL)  # fmt: skip
     assert out.returncode == 1, out.stderr[-2000:]  # one setting failed, and says why
     rows = {r["setting"]: r for r in json.loads(out.stdout)["rows"]}
     assert "training.local_batch_size" in rows["broken"]["error"]
@@ -36,6 +36,22 @@ def test_train_throughput_table_from_the_real_runs(tmp_path):
     # tokens per step (2 x 64) over the step time is the logged rate, up to step-to-step noise
     assert 0.3 < base["tokens_per_s_per_device"] * base["step_time_s"] / 128 < 3
     assert base["peak_memory_gib"] > 0.1
+    # against the first setting: itself exactly; another seed initializes other weights
+    assert base["speedup_vs_first"] == 1 and base["max_loss_gap_vs_first"] == 0
+    other = rows["seed7"]
+    assert other["max_loss_gap_vs_first"] == max(
+        abs(other["losses"][s] - base["losses"][s]) for s in base["losses"]
+    )
+    assert other["max_loss_gap_vs_first"] > 1e-3 and sorted(map(int, other["losses"])) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert other["speedup_vs_first"] == pytest.approx(
+        other["tokens_per_s_per_device"] / base["tokens_per_s_per_device"]
+    )
 
 
 @pytest.mark.slow

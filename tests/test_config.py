@@ -270,7 +270,6 @@ def test_every_shipped_config_passes_preflight(path):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--model.converters", "float8"], "model.converters: float8 needs a CUDA GPU"),
         (
             ["--model.converters", "int4"],
             "model.converters: unknown converter 'int4'; valid: float8",
@@ -289,3 +288,30 @@ def test_gpu_only_features_fail_clearly_on_cpu(args, expected):
     with pytest.raises(ConfigError) as e:
         check(parse_args(args), world_size=1)
     assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine reports")
+def test_float8_on_cpu_needs_cpu_float8_matmuls(monkeypatch):
+    from torchtitan import float8
+    from torchtitan.preflight import check
+
+    cfg = parse_args(["--model.converters", "float8"])
+    if float8.cpu_float8_matmul_works():  # torch 2.13's CPU build: allowed, for numerics checks
+        check(cfg, world_size=1)
+    monkeypatch.setattr(float8, "cpu_float8_matmul_works", lambda: False)
+    with pytest.raises(ConfigError) as e:
+        check(cfg, world_size=1)
+    assert "model.converters: float8 needs a CUDA GPU" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_model_n_layers_overrides_the_flavor():
+    from torchtitan.preflight import check
+
+    assert check(parse_args([]), world_size=1).model_args.n_layers == 6  # debugmodel's own
+    plan = check(parse_args(["--model.n_layers", "2"]), world_size=1)
+    assert plan.model_args.n_layers == 2 and plan.model_args.dim == 256
+    with pytest.raises(ConfigError, match="parallelism.pipeline_parallel_degree"):
+        check(
+            parse_args(["--model.n_layers", "1", "--parallelism.pipeline_parallel_degree", "2"]), 2
+        )

@@ -61,12 +61,18 @@ class Job:
 class Model:
     name: str = opt("llama3", "Model family in the train-spec registry (llama2, llama3)")
     flavor: str = opt("debugmodel", "Model size within the family (debugmodel, 8B, 70B, ...)")
+    n_layers: int = opt(
+        0,
+        "Transformer blocks, overriding the flavor's count (0: the flavor's); other sizes stay",
+        ge=0,
+    )
     tokenizer_path: str = opt(
         "tests/assets/tokenizer/tiktoken.model",
         "Tokenizer file: a tiktoken BPE file (Llama 3) or a SentencePiece model (Llama 2)",
     )
     converters: list[str] = opt(
-        [], "Model converters applied to the meta model before parallelism: float8 (GPU only)"
+        [],
+        "Model converters applied to the meta model before parallelism: float8 (GPU; CPU for checks)",
     )
     norm_type: str = opt(
         "rmsnorm",

@@ -59,10 +59,7 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
     check_dataset_config(t.dataset, t.dataset_path)
     _check_validation(job_config, dims)
     spec = get_train_spec(job_config.model.name)
-    model_args = dataclasses.replace(
-        get_model_args(job_config.model.name, job_config.model.flavor),
-        norm_type=job_config.model.norm_type,
-    )
+    model_args = _model_args(job_config)
     _check_model_fits_layout(dims, model_args)
     _check_sequence_split(dims, t.seq_len)
     pipeline = check_pipeline_config(job_config, model_args, dims) if dims.pp > 1 else None
@@ -74,6 +71,15 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
             f"x data-parallel degree = {t.local_batch_size} x {dims.dp} = {per_step}"
         )
     return Plan(dims, spec, model_args, global_batch // per_step, global_batch, pipeline)
+
+
+def _model_args(job_config: JobConfig) -> Any:
+    """The flavor's model arguments with the ``model.*`` overrides applied."""
+    m = job_config.model
+    flavor = get_model_args(m.name, m.flavor)
+    return dataclasses.replace(
+        flavor, norm_type=m.norm_type, n_layers=m.n_layers or flavor.n_layers
+    )
 
 
 def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
