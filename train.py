@@ -25,7 +25,7 @@ from torchtitan.metrics import MetricsProcessor, build_sinks
 from torchtitan.parallelisms import pipeline_llama
 from torchtitan.parallelisms.context_parallel import shard_sequence
 from torchtitan.parallelisms.init import layout_invariant_init
-from torchtitan.parallelisms.parallelize_llama import loss_context, param_dtype
+from torchtitan.parallelisms.parallelize_llama import build_loss_fn, loss_context, param_dtype
 from torchtitan.preflight import check
 from torchtitan.profiling import profiled_steps
 from torchtitan.validate import Validator
@@ -114,11 +114,12 @@ def train(job_config: JobConfig) -> None:
     startup.lap("parallelize and materialize")
     model_parts = list(parts.values())
     _log_local_share(model_parts, nparams_total=nparams)
+    loss_fn = build_loss_fn(spec.loss_fn, dims, job_config)  # compiled, if compile.components says
     pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
     pipeline = None  # without pipelining, forward and backward are plain calls
     if plan.pipeline is not None:
         pipeline = pipeline_llama.Pipeline(
-            plan.pipeline, parts, device, pp_group, spec.loss_fn, plan.grad_accum_steps
+            plan.pipeline, parts, device, pp_group, loss_fn, plan.grad_accum_steps
         )
 
     validator = None
@@ -129,7 +130,7 @@ def train(job_config: JobConfig) -> None:
             dims=dims,
             model=model_parts[0],
             pipeline=pipeline,
-            loss_fn=spec.loss_fn,
+            loss_fn=loss_fn,
             loss_mesh=loss_mesh,
             cp_rank=cp_rank,
             device=device,
@@ -200,7 +201,7 @@ def train(job_config: JobConfig) -> None:
                     loss = _forward_backward(
                         model_parts[0],
                         pipeline,
-                        spec.loss_fn,
+                        loss_fn,
                         inputs,
                         labels,
                         autocast,

@@ -188,6 +188,11 @@ def test_debug_config_parses():
             ["--parallelism.fsdp_reshard_after_forward", "sometimes"],
             "is not one of: default, always, never",
         ),
+        (
+            '[compile]\ncomponents = ["model", "optimizer"]\n',
+            [],
+            "compile.components: 'optimizer' is not one of: model, loss",
+        ),
     ],
 )
 def test_validation_errors(tmp_path, toml, args, expected):
@@ -315,3 +320,10 @@ def test_model_n_layers_overrides_the_flavor():
         check(
             parse_args(["--model.n_layers", "1", "--parallelism.pipeline_parallel_degree", "2"]), 2
         )
+
+
+def test_compile_components_choose_what_is_compiled():
+    c = parse_args(["--compile.enable", "--compile.components", "loss"]).compile
+    assert c.compiles("loss") and not c.compiles("model")
+    assert not parse_args(["--compile.components", "model,loss"]).compile.compiles("model")
+    assert parse_args(["--compile.enable"]).compile.components == ["model", "loss"]

@@ -245,7 +245,16 @@ class ActivationCheckpoint:
 
 @dataclass
 class Compile:
-    enable: bool = opt(False, "torch.compile each transformer block")
+    enable: bool = opt(False, "torch.compile the parts named by compile.components")
+    components: list[str] = opt(
+        ["model", "loss"],
+        "What compile.enable compiles: model (each transformer block), loss (the cross entropy)",
+        choices=("model", "loss"),
+    )
+
+    def compiles(self, component: str) -> bool:
+        """Whether ``component`` ('model' or 'loss') is compiled."""
+        return self.enable and component in self.components
 
 
 @dataclass
@@ -536,9 +545,10 @@ def _check_bounds(cfg: JobConfig) -> None:
             meta, name = f.metadata, f"{section}.{key}"
             if value is None:
                 continue
-            if meta.get("choices") and value not in meta["choices"]:
-                valid = ", ".join(str(c) for c in meta["choices"])
-                raise ConfigError(f"{name}: {value!r} is not one of: {valid}")
+            for item in value if isinstance(value, list) else [value]:
+                if meta.get("choices") and item not in meta["choices"]:
+                    valid = ", ".join(str(c) for c in meta["choices"])
+                    raise ConfigError(f"{name}: {item!r} is not one of: {valid}")
             if meta.get("ge") is not None and value < meta["ge"]:
                 raise ConfigError(f"{name}: {value} must be >= {meta['ge']}")
             if meta.get("gt") is not None and value <= meta["gt"]:

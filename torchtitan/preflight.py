@@ -142,10 +142,12 @@ def _check_device_features(job_config: JobConfig, device_type: str) -> None:
             raise ConfigError(
                 f"{key}: async tensor parallel needs CUDA GPUs (symmetric memory); set it false on CPU"
             )
-        if tp == 1 or not job_config.compile.enable:
+        if tp == 1 or not job_config.compile.compiles("model"):
             raise ConfigError(
-                f"{key}: needs parallelism.tensor_parallel_degree > 1 and compile.enable = true "
-                f"(got tp={tp}, compile.enable={job_config.compile.enable})"
+                f"{key}: needs parallelism.tensor_parallel_degree > 1 and compiled blocks "
+                f"(compile.enable = true, 'model' in compile.components); got tp={tp}, "
+                f"compile.enable={job_config.compile.enable}, "
+                f"compile.components={job_config.compile.components}"
             )
 
 

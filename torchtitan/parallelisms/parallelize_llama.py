@@ -11,6 +11,7 @@ DDP when only ``dp_replicate > 1``. Model code is never edited: only modules are
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -54,6 +55,22 @@ def loss_context(dims: ParallelDims, job_config: JobConfig) -> contextlib.Abstra
     return loss_parallel() if uses_loss_parallel(dims, job_config) else contextlib.nullcontext()
 
 
+def build_loss_fn(loss_fn: Callable, dims: ParallelDims, job_config: JobConfig) -> Callable:
+    """The loss as training calls it: compiled when ``compile.components`` names it.
+
+    Compiled, the float32 upcast of the logits, the log-softmax and the gather fuse into a few
+    kernels instead of materializing float32 logits (batch x seq x vocab) several times. The
+    vocab-parallel loss (tensor parallel; DTensor logits under ``loss_parallel()``) stays eager.
+    """
+    if not job_config.compile.compiles("loss"):
+        return loss_fn
+    if uses_loss_parallel(dims, job_config):
+        logger.info("Loss not compiled: the vocab-parallel loss of tensor parallelism stays eager")
+        return loss_fn
+    logger.info("Compiled the loss with torch.compile")
+    return torch.compile(loss_fn)
+
+
 def parallelize_llama(
     model: nn.Module,
     mesh: DeviceMesh | None,
@@ -67,7 +84,7 @@ def parallelize_llama(
             mesh["tp"],
             loss_parallel=uses_loss_parallel(dims, job_config),
             async_tp=job_config.parallelism.enable_async_tensor_parallel,
-            compiled_blocks=job_config.compile.enable,
+            compiled_blocks=job_config.compile.compiles("model"),
         )
         logger.info(
             f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config)}"
@@ -84,7 +101,7 @@ def parallelize_llama(
             f"Applied {ac.mode} activation checkpointing"
             + (f" ({ac.selective_ac_option})" if ac.mode == "selective" else "")
         )
-    if job_config.compile.enable:
+    if job_config.compile.compiles("model"):
         for block in model.layers.values():
             block.compile(fullgraph=True)
         logger.info("Compiled each transformer block with torch.compile")
