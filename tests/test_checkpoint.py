@@ -362,3 +362,23 @@ def test_ranks_agree_on_falling_back_past_a_checkpoint_one_stage_cannot_load(tmp
     resumed = tensorboard_scalars_all_runs(tmp_path / "out")
     for step in range(6, 13):
         assert abs(resumed[step] - unbroken[step]) <= 1e-4, (step, resumed[step], unbroken[step])
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_checkpoint_with_other_block_counts(tmp_path):
+    """Changing model.n_layers between runs must not resume from a prefix of the saved blocks;
+    initial_load_path may start a shallower model from the first blocks on purpose."""
+    _train(tmp_path, 5, *ONE_PROCESS, "--model.n_layers", "2")
+    out = _train(tmp_path, 10, *ONE_PROCESS, "--model.n_layers", "1", ok=False)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: checkpoint {_folder(tmp_path) / 'step-5'} holds 2 transformer blocks and this "
+        "model has 1: resume with the model.flavor and model.n_layers it was saved with"
+    ], out.stderr[-2000:]
+    assert [c.step for c in scan(str(_folder(tmp_path)))] == [5]  # left where it was
+    other = tmp_path / "other"
+    other.mkdir()
+    start = str(_folder(tmp_path) / "step-5")
+    out = _train(other, 2, *ONE_PROCESS, "--model.n_layers", "1",
+                 "--checkpoint.initial_load_path", start)  # fmt: skip
+    assert f"Loaded model weights from {start}" in out.stdout

@@ -467,6 +467,8 @@ class CheckpointManager:
                 logger.info(f"{path}: no RNG state for this rank (saved by another world size)")
                 del state["rng"]
             _check_model_keys(path, state.get("model", {}), available)
+            if step is not None and self.model_args is not None:  # this job's own history
+                _check_block_count(path, self.model_args.n_layers, available)
         except CheckpointError as e:  # e.g. a pipeline stage whose layers the checkpoint lacks
             error = str(e)
         _agree(error)  # every rank loads, or every rank raises the same error
@@ -645,6 +647,18 @@ def _check_model_keys(path: str, model_state: dict[str, Any], available: set[str
         raise CheckpointError(
             f"checkpoint {path} lacks {len(missing)} parameters of this model ({shown}); "
             "is it a checkpoint of another model or flavor?"
+        )
+
+
+def _check_block_count(path: str, n_layers: int, available: set[str]) -> None:
+    """A resume must not quietly drop blocks: a checkpoint of more blocks than the model (e.g.
+    ``model.n_layers`` changed between runs) loads only a prefix of them otherwise, since a
+    pipeline stage legitimately loads a subset of the keys."""
+    blocks = {k.split(".")[2] for k in available if k.startswith("model.layers.")}
+    if blocks and len(blocks) != n_layers:
+        raise CheckpointError(
+            f"checkpoint {path} holds {len(blocks)} transformer blocks and this model has "
+            f"{n_layers}: resume with the model.flavor and model.n_layers it was saved with"
         )
 
 
