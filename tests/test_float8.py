@@ -16,6 +16,8 @@ each step at a few seconds. The comparisons:
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from launcher import launch, tensorboard_scalars
@@ -40,6 +42,9 @@ pytestmark = [
     pytest.mark.skipif(
         torch.cuda.is_available() or not cpu_float8_matmul_works(),
         reason="checks float8 on CPU; needs a torch whose CPU build has float8 torch._scaled_mm",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("torchao") is None, reason="needs torchao (dev-requirements.txt)"
     ),
 ]
 

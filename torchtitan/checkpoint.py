@@ -652,12 +652,13 @@ def _check_model_keys(path: str, model_state: dict[str, Any], available: set[str
 
 def _check_block_count(path: str, n_layers: int, available: set[str]) -> None:
     """A resume must not quietly drop blocks: a checkpoint of more blocks than the model (e.g.
-    ``model.n_layers`` changed between runs) loads only a prefix of them otherwise, since a
-    pipeline stage legitimately loads a subset of the keys."""
-    blocks = {k.split(".")[2] for k in available if k.startswith("model.layers.")}
-    if blocks and len(blocks) != n_layers:
+    ``model.n_layers`` lowered between runs) would otherwise load a prefix of them, since no
+    parameter of the model is missing. (Fewer blocks: the rank holding the missing ones fails
+    ``_check_model_keys``.)"""
+    blocks = {int(k.split(".")[2]) for k in available if k.startswith("model.layers.")}
+    if blocks and max(blocks) >= n_layers:
         raise CheckpointError(
-            f"checkpoint {path} holds {len(blocks)} transformer blocks and this model has "
+            f"checkpoint {path} holds {max(blocks) + 1} transformer blocks and this model has "
             f"{n_layers}: resume with the model.flavor and model.n_layers it was saved with"
         )
 
