@@ -142,6 +142,17 @@ def proc_status_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
+def waited(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a plain copy of it if it is a functional collective's result not yet waited for
+    (``AsyncCollectiveTensor``, e.g. the TP embedding's reduce-scatter). Handed to compiled code
+    as is, its gradient comes back wrong (measured on torch 2.13: the embedding gradient is lost
+    under FSDP x TP, backward fails under TP alone). The copy, ``[B, T / tp, dim]`` once per step,
+    is where the wait happens."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    return t.clone() if isinstance(t, AsyncCollectiveTensor) else t
+
+
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor: a DTensor (sharded, replicated or partial) gathered whole, else ``t``."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t

@@ -64,10 +64,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from torchtitan.datasets import pydoc_corpus
+from torchtitan.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # ``datasets`` takes ~0.5 s to import: only where data is read (not preflight)
     from datasets import Dataset, IterableDataset
-from torchtitan.errors import ConfigError, DataError
 
 logger = logging.getLogger("torchtitan")
 
@@ -334,11 +334,11 @@ class _ShardReader:
     """
 
     def __init__(self, ds: Dataset | IterableDataset, *, index: int, loader: HFDataLoader) -> None:
+        from datasets import IterableDataset
+
         self.index = index
         self._loader = loader
         self._ds = ds
-        from datasets import IterableDataset
-
         self.streaming = isinstance(ds, IterableDataset)
         field = loader.text_field
         if not self.streaming:

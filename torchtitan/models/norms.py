@@ -22,11 +22,11 @@ import functools
 from collections.abc import Callable
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from torchtitan.models.fused_rmsnorm import fused_rms_norm
+from torchtitan.utils import waited
 
 __all__ = [
     "NORM_TYPES",
@@ -37,8 +37,6 @@ __all__ = [
     "build_norm",
     "on_local_rows",
 ]
-
-NORM_TYPES = ("rmsnorm", "compiled_rmsnorm", "fused_rmsnorm")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,12 +69,7 @@ def on_local_rows(fn: NormFn, x: DTensor, weight: torch.Tensor, eps: float) -> D
         raise ValueError(
             f"RMSNorm on local rows: the weight must be replicated; got {weight.placements}"
         )
-    local = x.to_local()
-    if isinstance(local, funcol.AsyncCollectiveTensor):
-        # The embedding's reduce-scatter output, not yet waited for: handed to a compiled
-        # function, its gradient comes back wrong (measured on torch 2.13, as for compiled blocks
-        # in parallelize_llama). A copy waits for it; once per step, [B, T / tp, dim].
-        local = local.clone()
+    local = waited(x.to_local())  # the embedding's reduce-scatter output may still be in flight
     grad_placements = [Partial() if p.is_shard() else Replicate() for p in x.placements]
     out = fn(local, weight.to_local(grad_placements=grad_placements), eps)
     return DTensor.from_local(
@@ -129,9 +122,12 @@ class FusedRMSNorm(RMSNorm):
         return fused_rms_norm(x, self.weight, self.eps)
 
 
+_NORMS = {"rmsnorm": RMSNorm, "compiled_rmsnorm": CompiledRMSNorm, "fused_rmsnorm": FusedRMSNorm}
+NORM_TYPES = tuple(_NORMS)
+
+
 def build_norm(norm_type: str, dim: int, eps: float) -> RMSNorm:
     """The RMSNorm implementation ``norm_type`` (one of :data:`NORM_TYPES`) names."""
-    cls = {"rmsnorm": RMSNorm, "compiled_rmsnorm": CompiledRMSNorm, "fused_rmsnorm": FusedRMSNorm}
-    if norm_type not in cls:
+    if norm_type not in _NORMS:
         raise ValueError(f"norm_type {norm_type!r} is not one of: {', '.join(NORM_TYPES)}")
-    return cls[norm_type](dim, eps=eps)
+    return _NORMS[norm_type](dim, eps=eps)

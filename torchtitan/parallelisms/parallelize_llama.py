@@ -16,7 +16,6 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -35,6 +34,7 @@ from torchtitan.errors import ConfigError
 from torchtitan.log import logger
 from torchtitan.parallelisms.context_parallel import apply_cp
 from torchtitan.parallelisms.parallel_dims import ParallelDims
+from torchtitan.utils import waited
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -191,11 +191,8 @@ def apply_tp(
 
 
 def _materialize_async_output(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
-    """The embedding's reduce-scatter result arrives as an ``AsyncCollectiveTensor`` (it waits
-    lazily). Handed straight to a compiled block, its gradient comes back wrong: measured on
-    torch 2.13, the embedding gradient is lost under FSDP x TP and backward fails under TP alone.
-    A plain copy (the wait happens here) avoids it; a ``[B, T / tp, dim]`` copy once per step."""
-    return output.clone() if isinstance(output, funcol.AsyncCollectiveTensor) else output
+    """The embedding's output, waited for before the compiled blocks (:func:`utils.waited`)."""
+    return waited(output)
 
 
 # ----------------------------------------------------------------------------- activation checkpointing
