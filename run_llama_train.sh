@@ -116,6 +116,7 @@ fi
 
 # Check the configuration once, before any worker starts: one clear line and exit code 2 if bad.
 "$PYTHON" -m torchtitan.preflight --world-size "$world_size" --job.config_file "$CONFIG_FILE" "$@" || exit $?
+export TORCHTITAN_CONFIG_CHECKED=1  # its warnings (old key names) are not repeated by the workers
 show_launch
 
 # Workers that stop on a user error (bad data, an unreachable dataset) write one line to this file;
@@ -139,8 +140,11 @@ exec 3>&1
 rc=${PIPESTATUS[0]}
 set -e
 if [ -s "$TORCHTITAN_ERROR_FILE" ]; then
-  IFS=$'\t' read -r code message <"$TORCHTITAN_ERROR_FILE"
-  echo "error: $message" >&2
+  # the first rank's lines (one per problem), each once
+  code=$(head -n 1 "$TORCHTITAN_ERROR_FILE" | cut -f 1)
+  prefix=$(head -n 1 "$TORCHTITAN_ERROR_FILE" | cut -f 2- | grep -o '^rank [0-9]*: ' || true)
+  cut -f 2- "$TORCHTITAN_ERROR_FILE" |
+    awk -v p="$prefix" 'substr($0, 1, length(p)) == p && !seen[$0]++ { print "error: " $0 }' >&2
   exit "$code"
 fi
 exit "$rc"

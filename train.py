@@ -26,7 +26,7 @@ from torchtitan.parallelisms import pipeline_llama
 from torchtitan.parallelisms.context_parallel import shard_sequence
 from torchtitan.parallelisms.init import layout_invariant_init
 from torchtitan.parallelisms.parallelize_llama import build_loss_fn, loss_context, param_dtype
-from torchtitan.preflight import check
+from torchtitan.preflight import check, check_vocab
 from torchtitan.profiling import profiled_steps
 from torchtitan.validate import Validator
 
@@ -36,18 +36,23 @@ def train(job_config: JobConfig) -> None:
 
     # ---- processes, devices, seeds
     device = utils.init_device()
-    utils.init_distributed(device)
+    utils.init_distributed(device, job_config.comm, job_config.job.dump_folder)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     plan = check(job_config, world_size)
     dims, spec = plan.dims, plan.spec
     add_log_file(os.path.join(job_config.job.dump_folder, "logs", f"rank_{rank}.log"))
     logger.info(f"Starting job: {job_config.job.description}")
+    if not os.environ.get("TORCHTITAN_CONFIG_CHECKED"):  # the launcher printed them already
+        for line in job_config.warnings:
+            logger.warning(line)
     logger.info(
         f"world_size={world_size} {dims.layout()} device={device} backend={utils.dist_backend}"
     )
     if job_config.job.print_config and rank == 0:
         print(job_config.to_toml(), flush=True)
+    if job_config.job.save_config_file and rank == 0:
+        _save_config(job_config)
     mesh = dims.build_mesh(utils.device_type) if world_size > 1 else None
     dp_mesh = dims.dp_mesh(mesh)
     dp_rank = dp_mesh.get_local_rank() if dp_mesh is not None else 0
@@ -61,7 +66,7 @@ def train(job_config: JobConfig) -> None:
 
     # ---- tokenizer and data
     t = job_config.training
-    tokenizer = spec.build_tokenizer_fn(job_config.model.tokenizer_path)
+    tokenizer = spec.build_tokenizer_fn(job_config.model.tokenizer_source()[0])
     dataloader = spec.build_dataloader_fn(
         dataset=t.dataset,
         dataset_path=t.dataset_path,
@@ -94,9 +99,8 @@ def train(job_config: JobConfig) -> None:
 
     # ---- model: described once, built on the meta device, cut into this rank's pipeline stages
     #      (a single part without pipelining), parallelized, then materialized
-    model_args = dataclasses.replace(
-        plan.model_args, vocab_size=tokenizer.n_words, max_seq_len=t.seq_len
-    )
+    vocab_size = check_vocab(job_config, plan.model_args, tokenizer.n_words)
+    model_args = dataclasses.replace(plan.model_args, vocab_size=vocab_size, max_seq_len=t.seq_len)
     with torch.device("meta"):
         model = spec.cls(model_args)
     nparams, flops_per_token = spec.nparams_and_flops_fn(model, model_args, t.seq_len)
@@ -106,6 +110,8 @@ def train(job_config: JobConfig) -> None:
         f"{flops_per_token:,} training FLOPs per token (seq_len {t.seq_len}), vocab {model_args.vocab_size}"
     )
     apply_converters(model, job_config)  # e.g. float8 linears, before any sharding
+    if job_config.model.print_after_conversion:
+        logger.info(f"Model after model.converters:\n{model}")
     startup.lap("model on meta")
     parts = _split_into_stages(model, plan.pipeline, mesh, spec)  # {stage index: module}
     for stage, part in parts.items():
@@ -138,7 +144,8 @@ def train(job_config: JobConfig) -> None:
 
     # ---- optimizer, schedule, metrics
     optimizer = spec.build_optimizer_fn(model_parts, job_config.optimizer)
-    lr_scheduler = spec.build_lr_scheduler_fn(optimizer, job_config.lr_scheduler, t.steps)
+    schedule_steps = job_config.lr_scheduler.total_steps or t.steps
+    lr_scheduler = spec.build_lr_scheduler_fn(optimizer, job_config.lr_scheduler, schedule_steps)
     metrics = MetricsProcessor(
         flops_per_token=flops_per_token,
         log_freq=job_config.metrics.log_freq,
@@ -226,12 +233,21 @@ def train(job_config: JobConfig) -> None:
             checkpointer.maybe_save(step)
             profiler.step(step)
             if startup is not None:  # first step of this run (compilation happens here)
+                utils.set_train_timeout(job_config.comm)
                 startup.lap("first step")
                 logger.info(startup.summary())
                 startup = None
     checkpointer.close()  # the last background save, if any, is written and marked complete
     metrics.close()
     logger.info("Training finished")
+
+
+def _save_config(job_config: JobConfig) -> None:
+    path = os.path.join(job_config.job.dump_folder, job_config.job.save_config_file)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(job_config.to_toml())
+    logger.info(f"Resolved config written to {path} (job.save_config_file)")
 
 
 def _layers_note(job_config) -> str:
@@ -327,9 +343,10 @@ def _report_user_error(e: TorchTitanError) -> None:
     error_file = os.environ.get("TORCHTITAN_ERROR_FILE")
     if error_file:
         with open(error_file, "a") as f:
-            f.write(f"{e.exit_code}\t{where}{e}\n")
+            f.writelines(f"{e.exit_code}\t{where}{line}\n" for line in str(e).splitlines())
     elif rank == 0 or e.exit_code != 2:
-        print(f"error: {where}{e}", file=sys.stderr, flush=True)
+        lines = (f"error: {where}{line}" for line in str(e).splitlines())
+        print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _another_rank_reported() -> bool:

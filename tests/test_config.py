@@ -122,17 +122,18 @@ def test_debug_config_parses():
 @pytest.mark.parametrize(
     "toml, args, expected",
     [
-        ("[trainig]\nsteps = 1\n", [], "unknown section 'trainig'; did you mean 'training'"),
+        ("[trainig]\nsteps = 1\n", [], "trainig.steps: unknown key; did you mean 'training.steps'"),
+        ("[trainig]\nxyz = 1\n", [], "unknown section [trainig]; did you mean [training]"),
         (
             "[training]\nstep = 1\n",
             [],
-            "unknown key 'training.step'; did you mean 'training.steps'",
+            "training.step: unknown key; did you mean 'training.steps'",
         ),
         ("[training]\nsteps = 'ten'\n", [], "training.steps: 'ten' is not a valid int"),
         ("[training]\nsteps = 1.5\n", [], "training.steps: 1.5 is not a valid int"),
         ("[training]\nsteps = true\n", [], "training.steps: True is not a valid int"),
         ("[job]\ndescription = 3\n", [], "job.description: 3 is not a valid str"),
-        ("steps = 3\n", [], "'steps' must be a [section] table"),
+        ("steps = 3\n", [], "'steps' must be in a [section] table"),
         ("", ["--training.steps", "0"], "training.steps: 0 must be >= 1"),
         ("", ["--training.steps", "x"], "training.steps: 'x' is not a valid int"),
         ("", ["--optimizer.lr", "0"], "optimizer.lr: 0.0 must be > 0"),
@@ -154,8 +155,8 @@ def test_debug_config_parses():
             "command line: unexpected argument 'maybe'",
         ),
         ("", ["--training.steps"], "--training.steps needs a value (int)"),
-        ("", ["--training.nope", "1"], "unknown key 'training.nope'"),
-        ("", ["--steps", "1"], "'steps' is not of the form section.key"),
+        ("", ["--training.nope", "1"], "command line: --training.nope: unknown key"),
+        ("", ["--steps", "1"], "--steps: not of the form section.key"),
         ("", ["steps"], "unexpected argument 'steps'"),
         ("", ["--debug.deterministic"], "debug.deterministic: needs debug.seed"),
         (
@@ -231,18 +232,19 @@ def test_train_py_help_lists_every_key():
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--training.steps", "-3"], "error: training.steps: -3 must be >= 1"),
+        (["--training.steps", "-3"], "error: command line: --training.steps: -3 must be >= 1"),
         (
             ["--model.flavor", "9B"],
-            "error: model.flavor: '9B' is not a flavor of llama3; valid: debugmodel",
+            "error: command line: --model.flavor: '9B' is not a flavor of llama3; valid: debugmodel",
         ),
         (
             ["--model.name", "gpt9"],
-            "error: model.name: unknown model 'gpt9'; valid: llama2, llama3",
+            "error: command line: --model.name: unknown model 'gpt9'; valid: llama2, llama3",
         ),
         (
             ["--parallelism.data_parallel_shard_degree", "3"],
-            "error: parallelism: dp_replicate=1 x dp_shard=3",
+            "error: command line: --parallelism.data_parallel_shard_degree: 3, but the world size "
+            "is 1",
         ),
     ],
 )

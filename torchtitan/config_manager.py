@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import importlib.util
 import os
 import sys
@@ -19,7 +20,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from torchtitan.errors import ConfigError
+from torchtitan import config_aliases
+from torchtitan.errors import ConfigError, ConfigErrors, Problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,6 +57,16 @@ class Job:
     )
     description: str = opt("default job", "Free-text description of the job, logged at start-up")
     print_config: bool = opt(False, "Print the resolved configuration as TOML at start-up")
+    custom_config_module: str | None = opt(
+        None,
+        "Module (dotted name or .py file) whose JobConfig dataclass adds sections and keys",
+    )
+    save_config_file: str | None = opt(
+        None, "Write the resolved config as TOML to this file under dump_folder at start-up"
+    )
+    custom_import: str | None = opt(
+        None, "Module (dotted name or .py file) imported at start-up, e.g. to register a model"
+    )
 
 
 @dataclass
@@ -68,17 +80,41 @@ class Model:
     )
     tokenizer_path: str = opt(
         "tests/assets/tokenizer/tiktoken.model",
-        "Tokenizer file: a tiktoken BPE file (Llama 3) or a SentencePiece model (Llama 2)",
+        "Tokenizer: a tiktoken BPE file (Llama 3), a SentencePiece model (Llama 2), a "
+        "tokenizer.json or a Hugging Face folder; unset with hf_assets_path = that folder's",
+    )
+    hf_assets_path: str | None = opt(
+        None,
+        "Hugging Face model folder (tokenizer.json, config.json, *.safetensors); its tokenizer is "
+        "used unless tokenizer_path is set",
     )
     converters: list[str] = opt(
         [],
         "Model converters applied to the meta model before parallelism: float8 (GPU; CPU for checks)",
+    )
+    print_after_conversion: bool = opt(
+        False, "Log the model's modules after model.converters were applied"
+    )
+    vocab_size_from_tokenizer: bool = opt(
+        False,
+        "Size the embedding from the tokenizer even when it differs from the flavor's published "
+        "vocabulary (debug flavors always do)",
     )
     norm_type: str = opt(
         "rmsnorm",
         "RMSNorm implementation: eager, torch.compile'd, or a Triton kernel (CUDA only); same weights",
         choices=("rmsnorm", "compiled_rmsnorm", "fused_rmsnorm"),
     )
+
+    def tokenizer_source(self) -> tuple[str, str]:
+        """(path, key that named it): ``tokenizer_path`` when set, else the Hugging Face assets
+        folder's tokenizer when ``hf_assets_path`` is set, else the default tokenizer."""
+        if self.hf_assets_path and self.tokenizer_path == _DEFAULT_TOKENIZER:
+            return self.hf_assets_path, "model.hf_assets_path"
+        return self.tokenizer_path, "model.tokenizer_path"
+
+
+_DEFAULT_TOKENIZER = "tests/assets/tokenizer/tiktoken.model"
 
 
 @dataclass
@@ -95,6 +131,9 @@ class Float8:
         False, "Compute all float8 weight scales in one pass after the optimizer step"
     )
     filter_fqns: list[str] = opt(["output"], "Linear layers (by name) kept in high precision")
+    emulate: bool = opt(
+        False, "Emulate the float8 matmuls in high precision (torchao), e.g. to test on any GPU"
+    )
 
 
 @dataclass
@@ -123,6 +162,9 @@ class LRScheduler:
     )
     decay_type: str = opt("linear", "Decay curve", choices=("linear", "sqrt", "cosine"))
     min_lr_factor: float = opt(0.0, "Final learning rate as a fraction of optimizer.lr", ge=0, le=1)
+    total_steps: int | None = opt(
+        None, "Steps the schedule spans (warm-up, stable, decay); unset = training.steps", ge=1
+    )
 
 
 @dataclass
@@ -200,6 +242,10 @@ class Parallelism:
     pipeline_parallel_schedule: str = opt(
         "1F1B", "Pipeline schedule (GPipe, 1F1B, Interleaved1F1B, ...)"
     )
+    pipeline_parallel_split_points: list[str] = opt(
+        [],
+        "Where each pipeline stage after the first begins, e.g. layers.4,layers.8; empty = even split",
+    )
     pipeline_parallel_layers_per_stage: int | None = opt(
         None, "Transformer layers per pipeline stage; unset = even split"
     )
@@ -210,7 +256,12 @@ class Parallelism:
 class Checkpoint:
     enable: bool = opt(False, "Save checkpoints and resume from the newest complete one")
     folder: str = opt("checkpoint", "Checkpoint folder under job.dump_folder")
-    interval: int = opt(500, "Save every N steps", ge=1)
+    interval: int = opt(500, "Save every N steps (or seconds, see interval_type)", ge=1)
+    interval_type: str = opt(
+        "steps",
+        "Unit of checkpoint.interval: steps, or seconds of training (checked at each step's end)",
+        choices=("steps", "seconds"),
+    )
     keep_latest_k: int = opt(10, "Keep only the newest k complete checkpoints; 0 = keep all", ge=0)
     async_mode: str = opt(
         "disabled", "Asynchronous save", choices=("disabled", "async", "async_with_pinned_mem")
@@ -301,6 +352,20 @@ class Debug:
 
 
 @dataclass
+class Comm:
+    init_timeout_seconds: int = opt(
+        600, "Collective timeout until the first step ends (start-up, compile, loading)", ge=1
+    )
+    train_timeout_seconds: int = opt(600, "Collective timeout after the first step", ge=1)
+    trace_buf_size: int = opt(
+        20000, "NCCL flight-recorder entries kept per rank (CUDA; 0 turns it off)", ge=0
+    )
+    save_traces_folder: str = opt(
+        "comm_traces", "Flight-recorder dumps on a timeout, under job.dump_folder (CUDA)"
+    )
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -316,6 +381,11 @@ class JobConfig:
     profiling: Profiling = field(default_factory=Profiling)
     validation: Validation = field(default_factory=Validation)
     debug: Debug = field(default_factory=Debug)
+    comm: Comm = field(default_factory=Comm)
+
+    def __post_init__(self) -> None:
+        self.origins: dict[str, Setting] = {}  # key -> where parse_args found it
+        self.warnings: list[str] = []  # old key names used, one line each
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
@@ -337,14 +407,24 @@ class JobConfig:
 # ----------------------------------------------------------------------------- introspection
 
 
-def _sections() -> dict[str, type]:
-    hints = typing.get_type_hints(JobConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+def _sections(cls: type | None = None) -> dict[str, type]:
+    cls = cls or JobConfig
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 def _keys(section_cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
     hints = typing.get_type_hints(section_cls)
     return {f.name: (f, hints[f.name]) for f in dataclasses.fields(section_cls)}
+
+
+def all_keys(cls: type | None = None) -> dict[str, Any]:
+    """Every current key as ``section.key`` -> its type."""
+    return {
+        f"{section}.{key}": tp
+        for section, section_cls in _sections(cls).items()
+        for key, (_, tp) in _keys(section_cls).items()
+    }
 
 
 def _strip_optional(tp: Any) -> tuple[Any, bool]:
@@ -383,8 +463,9 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
-def _convert(raw: Any, tp: Any, key: str, from_cli: bool) -> Any:
-    """Convert a TOML value or CLI string to the key's type, or raise ConfigError."""
+def _convert(raw: Any, tp: Any, from_cli: bool) -> Any:
+    """Convert a TOML value or CLI string to the key's type, or raise ConfigError (the caller
+    puts the key and where it was written in front of the message)."""
     base, optional = _strip_optional(tp)
     if optional and (
         raw is None or (from_cli and isinstance(raw, str) and raw.lower() in ("none", ""))
@@ -415,42 +496,38 @@ def _convert(raw: Any, tp: Any, key: str, from_cli: bool) -> Any:
     elif base is str:
         if isinstance(raw, str):
             return raw
+    elif base is list:  # an old key's raw list (module_fqns_per_model_part)
+        if isinstance(raw, list):
+            return raw
     elif typing.get_origin(base) is list:
         if isinstance(raw, str):
             return [s.strip() for s in raw.split(",") if s.strip()]
         if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
             return list(raw)
-    raise ConfigError(f"{key}: {raw!r} is not a valid {want}")
+    raise ConfigError(f"{raw!r} is not a valid {want}")
 
 
-# ----------------------------------------------------------------------------- parsing
+# ----------------------------------------------------------------------------- reading settings
 
 
-def _unknown(kind: str, name: str, valid: list[str], where: str) -> ConfigError:
-    close = difflib.get_close_matches(name, valid, n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else f"; valid: {', '.join(valid)}"
-    return ConfigError(f"{where}unknown {kind} '{name}'{hint}")
+@dataclass(frozen=True)
+class Setting:
+    """One key as the user wrote it: where (a TOML file or the command line), name and value."""
+
+    origin: str  # the TOML file's path, or "command line"
+    written: str  # section.key as written (a current name, an old upstream name, or a typo)
+    raw: Any
+    from_cli: bool = False
+
+    def where(self) -> str:
+        """``FILE: key`` or ``command line: --key``, the prefix of any line about this setting."""
+        return f"{self.origin}: {'--' if self.from_cli else ''}{self.written}"
 
 
-def _lookup(dotted: str, where: str) -> tuple[str, str, Any]:
-    sections = _sections()
-    if "." not in dotted:
-        raise ConfigError(
-            f"{where}'{dotted}' is not of the form section.key (see python train.py --help)"
-        )
-    section, key = dotted.split(".", 1)
-    if section not in sections:
-        raise _unknown("section", section, list(sections), where)
-    keys = _keys(sections[section])
-    if key not in keys:
-        full = [f"{section}.{k}" for k in keys]
-        raise _unknown("key", dotted, full, where)
-    return section, key, keys[key][1]
-
-
-def split_cli(argv: list[str]) -> list[tuple[str, str | None]]:
-    """Turn ``--a.b v``, ``--a.b=v`` and bare boolean ``--a.b`` into (key, raw value or None)."""
-    pairs: list[tuple[str, str | None]] = []
+def split_cli(argv: list[str]) -> list[Setting]:
+    """Turn ``--a.b v``, ``--a.b=v`` and bare boolean ``--a.b`` into settings (unknown keys are
+    reported later, together with every other problem)."""
+    out: list[Setting] = []
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -461,21 +538,33 @@ def split_cli(argv: list[str]) -> list[tuple[str, str | None]]:
         body = arg[2:]
         if "=" in body:
             key, value = body.split("=", 1)
-            pairs.append((key, value))
+            out.append(Setting(CLI, key, value, True))
             i += 1
             continue
-        _, _, tp = _lookup(body, "command line: ")
-        is_bool = _strip_optional(tp)[0] is bool
         nxt = argv[i + 1] if i + 1 < len(argv) else None
-        if is_bool and (nxt is None or nxt.lower() not in _TRUE | _FALSE):
-            pairs.append((body, "true"))
-            i += 1
-        elif nxt is None or (nxt.startswith("--") and not _looks_numeric(nxt)):
-            raise ConfigError(f"command line: --{body} needs a value ({_type_name(tp)})")
+        takes_value = nxt is not None and (not nxt.startswith("--") or _looks_numeric(nxt))
+        if _is_bool_key(body) and (nxt is None or nxt.lower() not in _TRUE | _FALSE):
+            takes_value = False
+            out.append(Setting(CLI, body, "true", True))
+        elif takes_value:
+            out.append(Setting(CLI, body, nxt, True))
+        elif _is_bool_key(body) is None:  # unknown: reported with the other problems
+            out.append(Setting(CLI, body, "true", True))
         else:
-            pairs.append((body, nxt))
-            i += 2
-    return pairs
+            tp = all_keys().get(body) or config_aliases.old_type(body, all_keys())
+            raise ConfigError(f"command line: --{body} needs a value ({_type_name(tp)})")
+        i += 2 if takes_value else 1
+    return out
+
+
+CLI = "command line"
+
+
+def _is_bool_key(dotted: str) -> bool | None:
+    """Whether the key (current or old name) is a boolean; None when the key is unknown."""
+    keys = all_keys()
+    tp = keys.get(dotted) or config_aliases.old_type(dotted, keys)
+    return None if tp is None else _strip_optional(tp)[0] is bool
 
 
 def _looks_numeric(s: str) -> bool:
@@ -500,106 +589,284 @@ def _load_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"job.config_file: cannot read '{path}': {e.strerror}") from None
 
 
-def _apply(cfg: JobConfig, dotted: str, raw: Any, where: str, from_cli: bool) -> None:
-    section, key, tp = _lookup(dotted, where)
-    value = _convert(raw, tp, dotted, from_cli)
-    setattr(getattr(cfg, section), key, value)
+def toml_settings(path: str, problems: Problems) -> list[Setting]:
+    """A TOML file's keys as settings; nested tables (``[quantize.linear.float8]``) give dotted
+    keys. Top-level values are problems."""
+    out: list[Setting] = []
+
+    def walk(table: dict[str, Any], prefix: str) -> None:
+        for key, value in table.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            elif not prefix:
+                problems.add(f"{path}: '{key}' must be in a [section] table, not a top-level value")
+            else:
+                out.append(Setting(path, f"{prefix}{key}", value))
+
+    walk(_load_toml(path), "")
+    return out
 
 
-def parse_args(argv: list[str] | None = None, *, need_files: bool = True) -> JobConfig:
+# ----------------------------------------------------------------------------- applying settings
+
+
+class _Builder:
+    """Applies settings in order (defaults < TOML < command line) to a JobConfig, through the
+    alias table, recording where each key was set and collecting every problem."""
+
+    def __init__(self, cfg: JobConfig, problems: Problems):
+        self.cfg, self.problems = cfg, problems
+        self.keys = all_keys(type(cfg))
+        self.sections = _sections(type(cfg))
+        self.order: dict[str, int] = {}  # current key -> when it was last set
+        self.deferred: list[tuple[int, Setting, Any]] = []
+
+    def apply(self, n: int, s: Setting) -> None:
+        alias = config_aliases.ALIASES.get(s.written)
+        if alias is None and s.written not in self.keys:
+            raise ConfigError(self._unknown(s))
+        if alias is None:
+            self._set(n, s, s.written, self._typed(s, self.keys[s.written]))
+            return
+        value = self._typed(s, alias.old_type or self.keys[alias.new])
+        if alias.only is not None and value not in alias.only:
+            raise ConfigError(f"{s.where()}: {value!r}: {alias.why}")
+        self._warn(s, alias.warning(s.where(), s.origin))
+        if alias.new is None:
+            return
+        if alias.compute is not None:  # needs other keys: done once every layer is applied
+            self.deferred.append((n, s, value))
+            return
+        if alias.convert is not None:
+            value = alias.convert(value, self._get(alias.new))
+        self._set(n, s, alias.new, value)
+        for key, extra in (alias.also(value) if alias.also else {}).items():
+            self._set(n, s, key, extra)
+
+    def finish(self) -> None:
+        for n, s, value in self.deferred:
+            alias = config_aliases.ALIASES[s.written]
+            if self.order.get(alias.new, -1) > n:
+                continue  # the current key was set later (higher precedence)
+            with self.problems.collect():
+                self._set(n, s, alias.new, alias.compute(value, self.cfg))
+
+    def _typed(self, s: Setting, tp: Any) -> Any:
+        try:
+            return _convert(s.raw, tp, s.from_cli)
+        except ConfigError as e:
+            raise ConfigError(f"{s.where()}: {e}") from None
+
+    def _get(self, dotted: str) -> Any:
+        section, key = dotted.split(".", 1)
+        return getattr(getattr(self.cfg, section), key)
+
+    def _set(self, n: int, s: Setting, dotted: str, value: Any) -> None:
+        renamed = config_aliases.VALUE_ALIASES.get(dotted, {})
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, str) and item in renamed:
+                self._warn(s, f"{s.where()}: {item!r} is now {renamed[item]!r}")
+        if isinstance(value, list):
+            value = list(dict.fromkeys(renamed.get(v, v) for v in value))
+        elif isinstance(value, str):
+            value = renamed.get(value, value)
+        section, key = dotted.split(".", 1)
+        setattr(getattr(self.cfg, section), key, value)
+        self.order[dotted] = n
+        self.cfg.origins[dotted] = s
+
+    def _warn(self, s: Setting, line: str) -> None:
+        if line not in self.cfg.warnings:
+            self.cfg.warnings.append(line)
+
+    def _unknown(self, s: Setting) -> str:
+        if "." not in s.written:
+            return f"{s.where()}: not of the form section.key (see python train.py --help)"
+        section = s.written.split(".", 1)[0]
+        hint = config_aliases.suggest(s.written, self.keys)
+        if hint:
+            return f"{s.where()}: unknown key; did you mean '{hint}'?"
+        if section not in self.sections and not config_aliases.is_old_section(section):
+            close = difflib.get_close_matches(section, list(self.sections), n=1, cutoff=0.75)
+            valid = (
+                f"did you mean [{close[0]}]?" if close else f"sections: {', '.join(self.sections)}"
+            )
+            return f"{s.where()}: unknown section [{section}]; {valid}"
+        return f"{s.where()}: unknown key; see python train.py --help for the keys of [{section}]"
+
+
+def parse_args(
+    argv: list[str] | None = None, *, need_files: bool = True, problems: Problems | None = None
+) -> JobConfig:
     """Build and validate a JobConfig from defaults, ``--job.config_file`` and CLI overrides.
 
-    ``need_files=False`` skips the checks that input files exist (for tools that only read the
-    configuration, like the memory estimate)."""
+    Every problem found is reported at once (ConfigErrors, one line each), or, when ``problems``
+    is given, added to it (the config is then returned as far as it could be built, so that
+    later checks can report theirs too). Old upstream key names are applied through the alias
+    table and leave one line each in ``cfg.warnings``. ``need_files=False`` skips the checks that
+    input files exist (for tools that only read the configuration, like the memory estimate)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    pairs = split_cli(argv)
-    cfg = JobConfig()
-    config_file = None
-    for key, raw in pairs:
-        if key == "job.config_file":
-            config_file = raw
-    if config_file:
-        data = _load_toml(config_file)
-        where = f"{config_file}: "
-        for section, values in data.items():
-            if not isinstance(values, dict):
-                raise ConfigError(
-                    f"{where}'{section}' must be a [section] table, not a top-level value"
-                )
-            for key, raw in values.items():
-                _apply(cfg, f"{section}.{key}", raw, where, from_cli=False)
-    for key, raw in pairs:
-        _apply(cfg, key, raw, "command line: ", from_cli=True)
+    cli = split_cli(argv)
+    found = Problems() if problems is None else problems
+    config_file = next((s.raw for s in reversed(cli) if s.written == "job.config_file"), None)
+    settings = toml_settings(config_file, found) if config_file else []
+    settings += [s for s in cli if s.written != "job.config_file"]
+    cfg = _config_class(settings, found)()
+    builder = _Builder(cfg, found)
+    for n, s in enumerate(settings):
+        with found.collect():
+            builder.apply(n, s)
+    builder.finish()
     cfg.job.config_file = config_file
-    validate(cfg, need_files=need_files)
+    with found.collect():
+        validate(cfg, need_files=need_files)
+    if problems is None:
+        found.raise_if_any()
     return cfg
+
+
+def _config_class(settings: list[Setting], problems: Problems) -> type[JobConfig]:
+    """JobConfig, extended by ``job.custom_config_module`` when one is given."""
+    names = ("job.custom_config_module", "experimental.custom_args_module")
+    module = next((s for s in reversed(settings) if s.written in names), None)
+    if module is None or not module.raw:
+        return JobConfig
+    with problems.collect():
+        return extend_job_config(str(module.raw), module.where())
+    return JobConfig
+
+
+def extend_job_config(module_name: str, where: str = "job.custom_config_module") -> type:
+    """JobConfig merged with the ``JobConfig`` dataclass of a user's module (a dotted module name
+    or a .py file): its new sections are added and its keys join ours in shared sections."""
+    try:
+        if module_name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location("torchtitan_custom_config", module_name)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {module_name}")
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(module_name)
+    except (ImportError, OSError, SyntaxError) as e:
+        raise ConfigError(
+            f"{where}: cannot import '{module_name}' ({e}); give an importable module or a .py "
+            "file that defines a JobConfig dataclass"
+        ) from None
+    custom = getattr(mod, "JobConfig", None)
+    if not dataclasses.is_dataclass(custom):
+        raise ConfigError(f"{where}: '{module_name}' defines no JobConfig dataclass")
+    ours = _sections()
+    merged = []
+    for name, section_cls in _sections(custom).items():
+        if name in ours and section_cls is not ours[name]:
+            section_cls = dataclasses.make_dataclass(
+                ours[name].__name__, [], bases=(section_cls, ours[name])
+            )
+        merged.append((name, section_cls, field(default_factory=section_cls)))
+    return dataclasses.make_dataclass("JobConfig", merged, bases=(JobConfig,))
+
+
+def locate(cfg: JobConfig, line: str) -> str:
+    """Put where a key was set in front of a problem line that starts with ``section.key:``:
+    ``FILE: key`` (its old name too, when an alias set it) or ``command line: --key``."""
+    key, sep, rest = line.partition(": ")
+    setting = cfg.origins.get(key) if sep else None
+    if setting is None:
+        if sep and key in all_keys(type(cfg)):
+            return f"{key} (default): {rest}"
+        return line
+    if setting.written != key:
+        return f"{setting.where()} (now {key}): {rest}"
+    return f"{setting.where()}: {rest}"
+
+
+def located(cfg: JobConfig, e: ConfigError) -> ConfigError:
+    """``e`` with every line passed through :func:`locate`."""
+    lines = [locate(cfg, line) for line in str(e).splitlines()]
+    return ConfigErrors(lines) if len(lines) > 1 else ConfigError(lines[0])
 
 
 # ----------------------------------------------------------------------------- validation
 
 
-def _check_bounds(cfg: JobConfig) -> None:
-    for section, cls in _sections().items():
+def _check_bounds(cfg: JobConfig, problems: Problems) -> None:
+    for section, cls in _sections(type(cfg)).items():
         for key, (f, _) in _keys(cls).items():
             value = getattr(getattr(cfg, section), key)
             meta, name = f.metadata, f"{section}.{key}"
             if value is None:
                 continue
-            for item in value if isinstance(value, list) else [value]:
-                if meta.get("choices") and item not in meta["choices"]:
-                    valid = ", ".join(str(c) for c in meta["choices"])
-                    raise ConfigError(f"{name}: {item!r} is not one of: {valid}")
-            if meta.get("ge") is not None and value < meta["ge"]:
-                raise ConfigError(f"{name}: {value} must be >= {meta['ge']}")
-            if meta.get("gt") is not None and value <= meta["gt"]:
-                raise ConfigError(f"{name}: {value} must be > {meta['gt']}")
-            if meta.get("le") is not None and value > meta["le"]:
-                raise ConfigError(f"{name}: {value} must be <= {meta['le']}")
-
-
-# Keys that select features later releases add; setting them today must fail loudly, not be ignored.
-_NOT_YET = {}
+            with problems.collect():
+                for item in value if isinstance(value, list) else [value]:
+                    if meta.get("choices") and item not in meta["choices"]:
+                        valid = ", ".join(str(c) for c in meta["choices"])
+                        raise ConfigError(f"{name}: {item!r} is not one of: {valid}")
+                if meta.get("ge") is not None and value < meta["ge"]:
+                    raise ConfigError(f"{name}: {value} must be >= {meta['ge']}")
+                if meta.get("gt") is not None and value <= meta["gt"]:
+                    raise ConfigError(f"{name}: {value} must be > {meta['gt']}")
+                if meta.get("le") is not None and value > meta["le"]:
+                    raise ConfigError(f"{name}: {value} must be <= {meta['le']}")
 
 
 def validate(cfg: JobConfig, *, need_files: bool = True) -> None:
-    """Checks that need no process group, model or data; raise ConfigError on the first problem."""
-    _check_bounds(cfg)
-    for dotted, bad in _NOT_YET.items():
-        section, key = dotted.split(".")
-        if getattr(getattr(cfg, section), key) == bad:
-            raise ConfigError(
-                f"{dotted}: this feature is not available in this version yet; leave it unset"
-            )
+    """Checks that need no process group, model or data: every problem, one line each, where
+    each key was set in front (ConfigError / ConfigErrors)."""
+    problems = Problems()
+    _check_bounds(cfg, problems)
+    for check in _CHECKS:
+        with problems.collect():
+            check(cfg)
+    if need_files:
+        with problems.collect():
+            _check_files(cfg)
+    if problems.lines:
+        raise located(cfg, ConfigErrors(problems.lines))
+
+
+def _check_wandb(cfg: JobConfig) -> None:
     if cfg.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError(
             "metrics.enable_wandb: the wandb package is not installed; pip install wandb, or "
             "leave it false"
         )
+
+
+def _check_profiling(cfg: JobConfig) -> None:
     pr = cfg.profiling
     if pr.enable_profiling and pr.profiler_warmup + pr.profiler_active > pr.profile_freq:
         raise ConfigError(
-            f"profiling.profiler_warmup + profiler_active ({pr.profiler_warmup} + "
-            f"{pr.profiler_active}) must be <= profiling.profile_freq ({pr.profile_freq})"
+            f"profiling.profiler_warmup: profiler_warmup + profiler_active ({pr.profiler_warmup} "
+            f"+ {pr.profiler_active}) must be <= profiling.profile_freq ({pr.profile_freq})"
         )
-    ck = cfg.checkpoint
-    if ck.initial_load_in_hf and not ck.initial_load_path:
-        raise ConfigError(
-            "checkpoint.initial_load_in_hf: needs checkpoint.initial_load_path (a Hugging Face "
-            "model folder with config.json and *.safetensors)"
+
+
+def _check_checkpoint(cfg: JobConfig) -> None:
+    ck, problems = cfg.checkpoint, Problems()
+    if ck.initial_load_in_hf and not (ck.initial_load_path or cfg.model.hf_assets_path):
+        problems.add(
+            "checkpoint.initial_load_in_hf: needs checkpoint.initial_load_path or "
+            "model.hf_assets_path (a Hugging Face model folder with config.json and *.safetensors)"
         )
     if ck.initial_load_in_hf and not ck.initial_load_model_only:
-        raise ConfigError(
+        problems.add(
             "checkpoint.initial_load_model_only: must be true with initial_load_in_hf (Hugging "
             "Face folders hold model weights only)"
         )
     for key in ("initial_load_path", "last_save_in_hf"):
         if getattr(ck, key) and not ck.enable:
-            raise ConfigError(f"checkpoint.{key}: needs checkpoint.enable = true")
+            problems.add(f"checkpoint.{key}: needs checkpoint.enable = true")
     if ck.create_seed_checkpoint and not ck.enable:
-        raise ConfigError(
+        problems.add(
             "checkpoint.create_seed_checkpoint: needs checkpoint.enable = true (the seed is "
             "written to the checkpoint folder)"
         )
+    problems.raise_if_any()
+
+
+def _check_batch(cfg: JobConfig) -> None:
     t = cfg.training
     if t.global_batch_size != -1 and t.global_batch_size < 1:
         raise ConfigError(
@@ -610,13 +877,31 @@ def validate(cfg: JobConfig, *, need_files: bool = True) -> None:
             f"training.global_batch_size: {t.global_batch_size} must be a multiple of "
             f"training.local_batch_size ({t.local_batch_size})"
         )
-    if need_files and not os.path.isfile(cfg.model.tokenizer_path):
-        raise ConfigError(
-            f"model.tokenizer_path: '{cfg.model.tokenizer_path}' does not exist or is not a file; "
-            "give a tokenizer.model (see scripts/download_tokenizer.py)"
-        )
+
+
+def _check_debug(cfg: JobConfig) -> None:
     if cfg.debug.deterministic and cfg.debug.seed is None:
         raise ConfigError("debug.deterministic: needs debug.seed to be set (e.g. --debug.seed 42)")
+
+
+def _check_files(cfg: JobConfig) -> None:
+    m, problems = cfg.model, Problems()
+    if m.hf_assets_path and not os.path.isdir(m.hf_assets_path):
+        problems.add(
+            f"model.hf_assets_path: '{m.hf_assets_path}' is not a folder; give a Hugging Face "
+            "model folder (see scripts/download_hf_assets.py)"
+        )
+    path, key = m.tokenizer_source()
+    if key == "model.tokenizer_path" and not os.path.exists(path):
+        problems.add(
+            f"model.tokenizer_path: '{path}' does not exist; give a tokenizer file (tiktoken, "
+            "SentencePiece or tokenizer.json) or a Hugging Face model folder (see "
+            "scripts/download_hf_assets.py)"
+        )
+    problems.raise_if_any()
+
+
+_CHECKS = (_check_wandb, _check_profiling, _check_checkpoint, _check_batch, _check_debug)
 
 
 # ----------------------------------------------------------------------------- help
@@ -639,6 +924,6 @@ def help_text() -> str:
             if f.metadata.get("choices"):
                 extra = f" {{{'|'.join(str(c) for c in f.metadata['choices'])}}}"
             out.append(f"  --{section}.{key}  ({_type_name(tp)}, default {shown}){extra}")
-            out.append(f"      {f.metadata['help']}")
+            out.append(f"      {f.metadata.get('help', '')}")
         out.append("")
     return "\n".join(out)

@@ -1,5 +1,7 @@
 """Errors that reach the user as one clear line (train.py prints them and exits), never a traceback."""
 
+from __future__ import annotations
+
 
 class TorchTitanError(Exception):
     """Base class: the message must name the offending key, file or value and what would be valid."""
@@ -23,3 +25,57 @@ class TrainingDiverged(TorchTitanError):
     """A non-finite loss or gradient norm: training stopped before that step's optimizer step."""
 
     exit_code = 3
+
+
+class ConfigErrors(ConfigError):
+    """Several configuration problems found in one pass: one line each, all reported at once."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = list(lines)
+        super().__init__("\n".join(self.lines))
+
+
+class Problems:
+    """Collects ConfigErrors from independent checks, so that one run reports every problem.
+
+    ``with problems.collect(): check()`` records the check's error instead of raising it;
+    ``raise_if_any()`` then raises them together (a single problem stays a plain ConfigError).
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, line: str) -> None:
+        if line not in self.lines:
+            self.lines.append(line)
+
+    def collect(self) -> _Collect:
+        return _Collect(self)
+
+    def raise_if_any(self) -> None:
+        if len(self.lines) == 1:
+            raise ConfigError(self.lines[0])
+        if self.lines:
+            raise ConfigErrors(self.lines)
+
+
+class _Collect:
+    def __init__(self, problems: Problems) -> None:
+        self.problems = problems
+        self.failed = False
+
+    def __enter__(self) -> _Collect:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None or not isinstance(exc, ConfigError):
+            return False
+        self.failed = True
+        for line in exc.lines if isinstance(exc, ConfigErrors) else [str(exc)]:
+            self.problems.add(line)
+        return True
+
+
+def error_lines(e: TorchTitanError) -> list[str]:
+    """The ``error: ...`` lines to print for ``e`` (one per problem)."""
+    return [f"error: {line}" for line in str(e).splitlines() or [""]]

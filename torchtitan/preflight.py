@@ -8,17 +8,20 @@ reported once, before torchrun starts any worker (and without torchrun's failure
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from torchtitan import utils
-from torchtitan.config_manager import JobConfig, parse_args
+from torchtitan.config_manager import JobConfig, located, parse_args
 from torchtitan.datasets.hf_datasets import check_dataset_config
-from torchtitan.errors import ConfigError, TorchTitanError
+from torchtitan.errors import ConfigError, ConfigErrors, Problems, TorchTitanError, error_lines
 from torchtitan.float8 import check_converters
 from torchtitan.parallelisms.parallel_dims import ParallelDims
 from torchtitan.parallelisms.pipeline_llama import PipelinePlan, check_pipeline_config
@@ -37,32 +40,67 @@ class Plan:
     pipeline: PipelinePlan | None = None  # set when parallelism.pipeline_parallel_degree > 1
 
 
-def check(job_config: JobConfig, world_size: int) -> Plan:
-    p, t = job_config.parallelism, job_config.training
-    if job_config.checkpoint.create_seed_checkpoint and world_size != 1:
-        raise ConfigError(
-            f"checkpoint.create_seed_checkpoint: runs on one process (NGPU=1), not {world_size}; "
-            "the seed then starts runs of any layout"
-        )
-    _check_device_features(job_config, utils.device_type)
+def check(job_config: JobConfig, world_size: int, device_type: str | None = None) -> Plan:
+    """The job's plan for ``world_size`` processes on ``device_type`` (default: this machine's),
+    or ConfigError(s) naming every problem found, each with the file or flag that set the key."""
+    device_type = device_type or utils.device_type
+    problems = Problems()
+    with problems.collect():
+        import_custom_module(job_config.job.custom_import)
+    with problems.collect():
+        _check_device_features(job_config, device_type)
+    with problems.collect():
+        _check_dump_folder(job_config.job.dump_folder)
+    with problems.collect():
+        check_dataset_config(job_config.training.dataset, job_config.training.dataset_path)
+    dims = spec = model_args = pipeline = None
+    with problems.collect():
+        dims = _dims(job_config, world_size)
+    with problems.collect():
+        spec = get_train_spec(job_config.model.name)
+        model_args = _model_args(job_config)
+    if dims is not None:
+        for layout_check in (_check_validation, _check_sequence_split):
+            with problems.collect():
+                layout_check(job_config, dims)
+    if dims is not None and model_args is not None:
+        with problems.collect():
+            _check_model_fits_layout(dims, model_args)
+        if dims.pp > 1:
+            with problems.collect():
+                pipeline = check_pipeline_config(job_config, model_args, dims)
+    global_batch = accum = 0
+    if dims is not None:
+        with problems.collect():
+            global_batch, accum = _global_batch(job_config.training, dims)
+    if problems.lines:
+        raise located(job_config, ConfigErrors(problems.lines))
+    return Plan(dims, spec, model_args, accum, global_batch, pipeline)
+
+
+def _dims(job_config: JobConfig, world_size: int) -> ParallelDims:
+    p = job_config.parallelism
     if job_config.checkpoint.create_seed_checkpoint:  # the whole model in one process
-        dims = ParallelDims(1, 1, 1, 1, 1, world_size=1)
-    else:
-        dims = ParallelDims(
-            dp_replicate=p.data_parallel_replicate_degree,
-            dp_shard=p.data_parallel_shard_degree,
-            cp=p.context_parallel_degree,
-            tp=p.tensor_parallel_degree,
-            pp=p.pipeline_parallel_degree,
-            world_size=world_size,
-        )
-    check_dataset_config(t.dataset, t.dataset_path)
-    _check_validation(job_config, dims)
-    spec = get_train_spec(job_config.model.name)
-    model_args = _model_args(job_config)
-    _check_model_fits_layout(dims, model_args)
-    _check_sequence_split(dims, t.seq_len)
-    pipeline = check_pipeline_config(job_config, model_args, dims) if dims.pp > 1 else None
+        if world_size != 1:
+            raise ConfigError(
+                f"checkpoint.create_seed_checkpoint: runs on one process (NGPU=1), not "
+                f"{world_size}; the seed then starts runs of any layout"
+            )
+        return ParallelDims(1, 1, 1, 1, 1, world_size=1)
+    return ParallelDims(
+        dp_replicate=p.data_parallel_replicate_degree,
+        dp_shard=p.data_parallel_shard_degree,
+        cp=p.context_parallel_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        world_size=world_size,
+    )
+
+
+def _global_batch(t: Any, dims: ParallelDims) -> tuple[int, int]:
+    """(global batch, gradient accumulation steps)."""
+    if t.local_batch_size < 1:
+        return 0, 0  # reported by the config's own checks
     per_step = t.local_batch_size * dims.dp
     global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
     if global_batch % per_step:
@@ -70,7 +108,58 @@ def check(job_config: JobConfig, world_size: int) -> Plan:
             f"training.global_batch_size: {global_batch} must be a multiple of training.local_batch_size "
             f"x data-parallel degree = {t.local_batch_size} x {dims.dp} = {per_step}"
         )
-    return Plan(dims, spec, model_args, global_batch // per_step, global_batch, pipeline)
+    return global_batch, global_batch // per_step
+
+
+def _check_dump_folder(folder: str) -> None:
+    """The run writes logs, metrics and checkpoints here: it must be creatable and writable."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"job.dump_folder: '{folder}' cannot be created or written ({e.strerror or e}); give "
+            "a folder this user can write"
+        ) from None
+
+
+def import_custom_module(name: str | None) -> None:
+    """``job.custom_import``: a user's module (dotted name or .py file) imported for its side
+    effects, such as registering a model family with ``register_train_spec``."""
+    if not name:
+        return
+    try:
+        if name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(os.path.basename(name)[:-3], name)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {name}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(name)
+    except (ImportError, OSError, SyntaxError) as e:
+        raise ConfigError(
+            f"job.custom_import: cannot import '{name}' ({e}); give an importable module name "
+            "or a .py file"
+        ) from None
+
+
+def check_vocab(job_config: JobConfig, model_args: Any, n_words: int) -> int:
+    """The embedding's vocabulary size: the tokenizer's. A published flavor whose vocabulary
+    differs from the tokenizer's (a dropped tokenizer key picking up the test tokenizer, say) is
+    refused unless ``model.vocab_size_from_tokenizer`` says it is meant."""
+    published = getattr(model_args, "vocab_size", -1)
+    if published <= 0 or n_words == published or job_config.model.vocab_size_from_tokenizer:
+        return n_words
+    m = job_config.model
+    path, key = m.tokenizer_source()
+    raise ConfigError(
+        f"{key}: the tokenizer '{path}' has {n_words:,} tokens, but {m.name} {m.flavor} has a "
+        f"vocabulary of {published:,}; use the model's own tokenizer, or set "
+        "model.vocab_size_from_tokenizer = true to size the embedding from this one"
+    )
 
 
 def _model_args(job_config: JobConfig) -> Any:
@@ -114,9 +203,10 @@ def _check_validation(job_config: JobConfig, dims: ParallelDims) -> None:
         )
 
 
-def _check_sequence_split(dims: ParallelDims, seq_len: int) -> None:
+def _check_sequence_split(job_config: JobConfig, dims: ParallelDims) -> None:
     """Context parallel cuts each sequence into 2 x cp chunks; sequence parallel then splits a
     rank's part over the TP ranks."""
+    seq_len = job_config.training.seq_len
     if dims.cp > 1 and seq_len % (2 * dims.cp):
         raise ConfigError(
             f"training.seq_len: {seq_len} must be divisible by 2 x "
@@ -173,20 +263,67 @@ def _check_norm_type(norm_type: str, device_type: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    world_size = 1
-    if argv[:1] == ["--world-size"]:
-        world_size = int(argv[1])
-        argv = argv[2:]
+    try:
+        world_size, device_type, argv = _own_options(argv)
+    except ConfigError as e:
+        print("\n".join(error_lines(e)), file=sys.stderr)
+        return e.exit_code
     if "-h" in argv or "--help" in argv:
         return 0  # train.py prints the help itself
+    problems = Problems()
     try:
-        job_config = parse_args(argv)
-        plan = check(job_config, world_size)
-        plan.spec.build_tokenizer_fn(job_config.model.tokenizer_path)
+        job_config = parse_args(argv, problems=problems)
+        for line in job_config.warnings:
+            print(f"warning: {line}", file=sys.stderr)
+        with problems.collect():
+            _check_job(job_config, world_size, device_type)
+        problems.raise_if_any()
     except TorchTitanError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("\n".join(error_lines(e)), file=sys.stderr)
         return e.exit_code
+    except Exception:
+        if not problems.lines:
+            raise
+        # a check tripped over a value already reported as invalid: report those
+        print("\n".join(error_lines(ConfigErrors(problems.lines))), file=sys.stderr)
+        return ConfigError.exit_code
     return 0
+
+
+def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) -> None:
+    """The plan's checks, then the tokenizer against the flavor: every problem of both."""
+    problems = Problems()
+    with problems.collect():
+        check(job_config, world_size, device_type)
+    with problems.collect():
+        spec = get_train_spec(job_config.model.name)
+        model_args = _model_args(job_config)
+        path, _ = job_config.model.tokenizer_source()
+        try:
+            if os.path.exists(path):  # a missing one is reported by the config's file checks
+                tokenizer = spec.build_tokenizer_fn(path)
+                check_vocab(job_config, model_args, tokenizer.n_words)
+        except ConfigError as e:
+            raise located(job_config, e) from None
+    problems.raise_if_any()
+
+
+def _own_options(argv: list[str]) -> tuple[int, str | None, list[str]]:
+    """``--world-size N`` and ``--device-type cuda|cpu`` (before the train.py arguments)."""
+    world_size, device_type = 1, None
+    while argv[:1] and argv[0] in ("--world-size", "--device-type"):
+        if len(argv) < 2:
+            raise ConfigError(f"{argv[0]}: needs a value")
+        name, value, argv = argv[0], argv[1], argv[2:]
+        if name == "--world-size":
+            if not value.isdigit() or int(value) < 1:
+                raise ConfigError(f"--world-size: {value!r} must be a positive integer")
+            world_size = int(value)
+        elif value not in ("cuda", "cpu"):
+            raise ConfigError(f"--device-type: {value!r} is not one of: cuda, cpu")
+        else:
+            device_type = value
+    return world_size, device_type, argv
 
 
 if __name__ == "__main__":

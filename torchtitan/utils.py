@@ -7,6 +7,7 @@ import os
 import random
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,10 +35,14 @@ def init_device() -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
-    """Create the default process group when launched by torchrun (WORLD_SIZE set)."""
+def init_distributed(device: torch.device, comm: Any = None, dump_folder: str = ".") -> None:
+    """Create the default process group when launched by torchrun (WORLD_SIZE set), with
+    ``comm.init_timeout_seconds`` until the first step ends (see :func:`set_train_timeout`)."""
     if "RANK" not in os.environ or dist.is_initialized():
         return
+    timeout_s = comm.init_timeout_seconds if comm is not None else 600
+    if comm is not None and device_type == "cuda":
+        _nccl_flight_recorder(comm, dump_folder)
     kwargs = {}
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if restart != "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -62,6 +67,32 @@ def init_distributed(device: torch.device, timeout_s: int = 600) -> None:
         device_id=device if device_type == "cuda" else None,
         **kwargs,
     )
+
+
+def _nccl_flight_recorder(comm: Any, dump_folder: str) -> None:
+    """NCCL keeps its last ``trace_buf_size`` collectives per rank and dumps them on a timeout
+    to ``{dump_folder}/{save_traces_folder}/rank_N`` (read with torch's fr_trace tool). Values the
+    user exported themselves win."""
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(comm.trace_buf_size))
+    if comm.trace_buf_size > 0:
+        folder = os.path.join(dump_folder, comm.save_traces_folder)
+        os.makedirs(folder, exist_ok=True)
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", os.path.join(folder, "rank_"))
+
+
+def set_train_timeout(comm: Any) -> None:
+    """After the first step (compile, checkpoint loading), collectives get the usually shorter
+    ``comm.train_timeout_seconds``."""
+    if not dist.is_initialized() or comm.train_timeout_seconds == comm.init_timeout_seconds:
+        return
+    timeout = timedelta(seconds=comm.train_timeout_seconds)
+    for group in [dist.group.WORLD, *_all_groups()]:
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+def _all_groups() -> list[Any]:
+    return list(dist.distributed_c10d._world.pg_map)
 
 
 def resolve_seed(seed: int | None, device: torch.device) -> int:

@@ -256,8 +256,23 @@ class _Source:
     text_field: str
 
 
+# Dataset names upstream torchtitan configs use that this library does not define: what each is.
+UPSTREAM_DATASETS = {
+    "c4_test": "upstream's in-repo 2,000-row sample of C4 (tests/assets/c4_test), not shipped here",
+    "c4_mini": "upstream's in-repo C4 sample (tests/assets/c4_mini), not shipped here",
+    "alpaca": "the Alpaca instruction-tuning set, a fine-tuning dataset, not a pretraining corpus",
+    "openwebtext": "an open re-creation of WebText, not built in here",
+}
+
+
 def check_dataset_config(dataset: str, dataset_path: str | None) -> None:
     """The source checks that need no loading (run before any process starts)."""
+    if dataset_path is None and dataset in UPSTREAM_DATASETS:
+        raise ConfigError(
+            f"training.dataset: '{dataset}' is {UPSTREAM_DATASETS[dataset]}; use python_docs for an "
+            "offline debug run, c4 for C4, or point training.dataset_path at a local copy (json, "
+            "jsonl, parquet, txt) or a Hub id"
+        )
     if dataset_path is None and dataset not in DATASETS:
         raise ConfigError(
             f"training.dataset: unknown dataset '{dataset}'; valid: "

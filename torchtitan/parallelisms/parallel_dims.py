@@ -9,9 +9,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchtitan.errors import ConfigError
 
-# Degrees this release can run; the others are declared in the config and rejected clearly.
-SUPPORTED_NOW = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
-
 _KEYS = {
     "dp_replicate": "parallelism.data_parallel_replicate_degree",
     "dp_shard": "parallelism.data_parallel_shard_degree",
@@ -38,23 +35,33 @@ class ParallelDims:
         if self.dp_shard == -1:
             if self.world_size % others:
                 raise ConfigError(
-                    f"{_KEYS['dp_shard']}: -1 cannot fill world size {self.world_size}: the other degrees "
-                    f"multiply to {others}, which does not divide it"
+                    f"{self._blame()}: {self._product()} does not divide the world "
+                    f"size {self.world_size} (data_parallel_shard_degree -1 takes the rest); use "
+                    f"degrees whose product divides {self.world_size}"
                 )
             self.dp_shard = self.world_size // others
         if self.dp_shard < 1:
             raise ConfigError(f"{_KEYS['dp_shard']}: {self.dp_shard} must be -1 or >= 1")
         if others * self.dp_shard != self.world_size:
             raise ConfigError(
-                f"parallelism: dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x cp={self.cp} "
-                f"x tp={self.tp} x pp={self.pp} = {others * self.dp_shard}, but the world size is "
-                f"{self.world_size}; make the product equal the number of processes"
+                f"{self._blame()}: {self._product()}, but the world size is {self.world_size}; make the product equal the number of processes"
             )
-        for name in ("cp", "tp", "pp"):
-            if getattr(self, name) > 1 and name not in SUPPORTED_NOW:
-                raise ConfigError(
-                    f"{_KEYS[name]}: {getattr(self, name)} is not available in this version yet; use 1"
-                )
+
+    def _product(self) -> str:
+        """The degrees above 1: ``3``, or ``name=value x ... = product`` for several."""
+        raised = [n for n in _KEYS if getattr(self, n) > 1]
+        if len(raised) < 2:
+            return str(getattr(self, raised[0]) if raised else 1)
+        product = 1
+        for n in raised:
+            product *= getattr(self, n)
+        parts = " x ".join(f"{_KEYS[n].split('.')[1]}={getattr(self, n)}" for n in raised)
+        return f"{parts} = {product}"
+
+    def _blame(self) -> str:
+        """The key of the largest degree set above 1 (the one most likely mistyped)."""
+        raised = [n for n in _KEYS if getattr(self, n) > 1]
+        return _KEYS[max(raised, key=lambda n: getattr(self, n))] if raised else "parallelism"
 
     def layout(self) -> str:
         return f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} tp={self.tp} pp={self.pp}"

@@ -63,6 +63,7 @@ _P = "parallelism."
 _DEGREE = _P + "pipeline_parallel_degree"
 _SCHEDULE = _P + "pipeline_parallel_schedule"
 _LPS = _P + "pipeline_parallel_layers_per_stage"
+_SPLIT = _P + "pipeline_parallel_split_points"
 _MBS = _P + "pipeline_parallel_microbatch_size"
 
 
@@ -232,10 +233,43 @@ def check_pipeline_config(job_config: Any, model_args: Any, dims: Any) -> Pipeli
     if pp > n_layers:
         raise ConfigError(f"{_DEGREE}: {pp} exceeds the model's {n_layers} layers")
     _check_composes(job_config, schedule, dims)
-    num_stages = _num_stages(schedule, pp, n_layers, p.pipeline_parallel_layers_per_stage)
+    if p.pipeline_parallel_split_points:
+        stage_layers = _stages_at(p.pipeline_parallel_split_points, n_layers, schedule, pp)
+        if p.pipeline_parallel_layers_per_stage is not None:
+            raise ConfigError(f"{_LPS}: give it or {_SPLIT}, not both")
+    else:
+        num = _num_stages(schedule, pp, n_layers, p.pipeline_parallel_layers_per_stage)
+        stage_layers = split_layers(n_layers, num)
     mbs = p.pipeline_parallel_microbatch_size
-    n_mb = _check_microbatches(schedule, job_config.training.local_batch_size, mbs, num_stages, pp)
-    return PipelinePlan(schedule, pp, split_layers(n_layers, num_stages), mbs, n_mb)
+    local = job_config.training.local_batch_size
+    n_mb = _check_microbatches(schedule, local, mbs, len(stage_layers), pp)
+    return PipelinePlan(schedule, pp, stage_layers, mbs, n_mb)
+
+
+def _stages_at(points: list[str], n_layers: int, schedule: str, pp: int) -> tuple:
+    """Stage layer ids from split points ``layers.N`` (where each stage after the first starts)."""
+    starts = []
+    for point in points:
+        name, _, index = point.partition(".")
+        if name != "layers" or not index.isdigit() or not 0 < int(index) < n_layers:
+            raise ConfigError(
+                f"{_SPLIT}: '{point}' is not a block of the model; give layers.N with 0 < N < "
+                f"{n_layers}, in increasing order"
+            )
+        starts.append(int(index))
+    if starts != sorted(set(starts)):
+        raise ConfigError(f"{_SPLIT}: {points} must be in increasing order without repeats")
+    bounds = [0, *starts, n_layers]
+    stages = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
+    per_rank, rest = divmod(len(stages), pp)
+    need = 1 if schedule in SINGLE_STAGE else 2 if schedule in V_SHAPED else None
+    if rest or per_rank != (need or max(per_rank, 2)):
+        want = f"{need * pp}" if need else f"a multiple of {pp} (at least {2 * pp})"
+        raise ConfigError(
+            f"{_SPLIT}: {len(points)} split points make {len(stages)} stages, but "
+            f"pipeline_parallel_degree={pp} with the {schedule} schedule needs {want}"
+        )
+    return stages
 
 
 def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> dict[int, nn.Module]:
