@@ -318,7 +318,7 @@ def test_excluded_state_is_not_loaded(tmp_path, unbroken):
 def test_model_only_saves_are_exports_not_resume_points(tmp_path):
     from torchtitan.checkpoint import read_model_weights
 
-    _train(tmp_path, 5, *ONE_PROCESS, "--checkpoint.model_weights_only",
+    _train(tmp_path, 5, *ONE_PROCESS, "--checkpoint.every_save_model_only",
            "--checkpoint.export_dtype", "bfloat16")  # fmt: skip
     [found] = scan(str(_folder(tmp_path)))
     assert (found.step, found.complete, found.model_only) == (5, True, True)
@@ -382,3 +382,17 @@ def test_resume_refuses_a_checkpoint_with_other_block_counts(tmp_path):
     out = _train(other, 2, *ONE_PROCESS, "--model.n_layers", "1",
                  "--checkpoint.initial_load_path", start)  # fmt: skip
     assert f"Loaded model weights from {start}" in out.stdout
+
+
+@pytest.mark.slow
+def test_interval_in_seconds_saves_by_the_clock_on_every_rank_alike(tmp_path):
+    """checkpoint.interval_type = "seconds": a save once the interval has passed on any rank's
+    clock, the ranks agreeing (a rank saving alone would hang the collective save)."""
+    out = _train(tmp_path, 8, "--training.local_batch_size", "4", "--checkpoint.interval_type",
+                 "seconds", "--checkpoint.interval", "1", ngpu=2)  # fmt: skip
+    steps = [c.step for c in scan(str(_folder(tmp_path))) if c.complete]
+    assert steps[-1] == 8 and len(steps) >= 2, (steps, out.stdout[-2000:])
+    # an hour's interval: only the last step is saved
+    out = _train(tmp_path / "hour", 6, *ONE_PROCESS, "--checkpoint.interval_type", "seconds",
+                 "--checkpoint.interval", "3600")  # fmt: skip
+    assert [c.step for c in scan(str(_folder(tmp_path / "hour")))] == [6]

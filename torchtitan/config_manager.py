@@ -267,7 +267,9 @@ class Checkpoint:
         "disabled", "Asynchronous save", choices=("disabled", "async", "async_with_pinned_mem")
     )
     load_step: int = opt(-1, "Resume from this step instead of the newest; -1 = newest")
-    model_weights_only: bool = opt(False, "Save only model weights")
+    every_save_model_only: bool = opt(
+        False, "Every save holds model weights only (exports, not resume points)"
+    )
     export_dtype: str = opt(
         "float32", "Dtype of model-only exports", choices=("float32", "bfloat16", "float16")
     )
