@@ -66,7 +66,9 @@ def train(job_config: JobConfig) -> None:
 
     # ---- tokenizer and data
     t = job_config.training
-    tokenizer = spec.build_tokenizer_fn(job_config.model.tokenizer_source()[0])
+    tokenizer_path, tokenizer_key = job_config.model.tokenizer_source()
+    tokenizer = spec.build_tokenizer_fn(tokenizer_path, key=tokenizer_key)
+    logger.info(f"Tokenizer {tokenizer_path} ({tokenizer_key}): {tokenizer.n_words:,} tokens")
     dataloader = spec.build_dataloader_fn(
         dataset=t.dataset,
         dataset_path=t.dataset_path,

@@ -89,13 +89,14 @@ def plain_step_time(job_config, warmup: int, steps: int) -> float:
     import torch.nn.functional as F
 
     from torchtitan import utils
-    from torchtitan.datasets.tokenizer import build_tokenizer
+    from torchtitan.datasets.tokenizer import build_tokenizer, tokenizer_source
     from torchtitan.models.llama.model import Transformer
     from torchtitan.train_spec import get_model_args
 
     t, o = job_config.training, job_config.optimizer
     device = utils.init_device()
-    vocab = build_tokenizer(job_config.model.tokenizer_path).n_words
+    path, key = tokenizer_source(job_config.model)
+    vocab = build_tokenizer(path, key=key).n_words
     args = get_model_args(job_config.model.name, job_config.model.flavor)
     args = dataclasses.replace(args, vocab_size=vocab, max_seq_len=t.seq_len)
     torch.manual_seed(0)

@@ -14,27 +14,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Sequence
 
 from huggingface_hub import hf_hub_download
 
-# owner/name, each part made of letters, digits, '-', '_' and '.', without '--' or '..' (the
-# Hub's rule, roughly).
-_REPO_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def _repo_id(value: str) -> str:
-    value = value.strip()
-    if not value:
-        raise argparse.ArgumentTypeError("must not be empty; give it as owner/name")
-    if not _REPO_ID_RE.fullmatch(value) or ".." in value or "--" in value:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a Hub repository id of the form owner/name "
-            "(e.g. meta-llama/Meta-Llama-3.1-8B)"
-        )
-    return value
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # also when loaded by path
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from download_hf_assets import explain as _explain  # noqa: E402
+from download_hf_assets import repo_id_arg as _repo_id  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,83 +65,18 @@ def download(repo_id: str, filename: str, local_dir: str, token: str | None) -> 
     return hf_hub_download(repo_id=repo_id, filename=filename, local_dir=local_dir, token=token)
 
 
-def _causes(error: BaseException) -> list[BaseException]:
-    """``error`` and the exceptions it was raised from, outermost first."""
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
-
-
-def _status(error: BaseException) -> int | None:
-    response = getattr(error, "response", None)
-    status = getattr(response, "status_code", None)
-    return status if isinstance(status, int) else None
-
-
 def explain(error: BaseException, repo_id: str, filename: str, has_token: bool) -> str:
-    """A one-line message for a failed download. Built only from our own values and the
-    exception types / HTTP status codes, never from exception text (which could hold secrets)."""
-    from huggingface_hub import errors as hf_errors
-
-    page = f"https://huggingface.co/{repo_id}"
-    token_hint = (
-        "check that the token (--hf_token or HF_TOKEN) is valid and may read gated repositories"
-        if has_token
-        else "pass a token with --hf_token or the HF_TOKEN environment variable"
-    )
-    chain = _causes(error)
-    statuses = [s for s in map(_status, chain) if s is not None]
-
-    def has(*kinds: type[BaseException]) -> bool:
-        return any(isinstance(e, kinds) for e in chain)
-
-    if has(hf_errors.GatedRepoError) or (statuses and statuses[0] == 403):
-        return (
-            f"{repo_id} is a gated repository and this request was not authorized: accept its "
-            f"licence on {page} (logged in), then {token_hint}"
-        )
-    if has(hf_errors.RepositoryNotFoundError) or (statuses and statuses[0] == 401):
-        return (
-            f"repository {repo_id} was not found on the Hub, or it is private or gated and the "
-            f"request was not authorized: check the name; if it is gated, accept its licence on "
-            f"{page} and {token_hint}"
-        )
-    if has(hf_errors.HFValidationError):
-        return f"the Hub does not accept {repo_id!r} / {filename!r} as a repository id / file name"
-    if has(hf_errors.RevisionNotFoundError):
-        return f"repository {repo_id} has no such revision"
-    if has(hf_errors.RemoteEntryNotFoundError) or (statuses and statuses[0] == 404):
-        return (
+    """A one-line message for a failed download (see ``download_hf_assets.explain``)."""
+    return _explain(
+        error,
+        repo_id,
+        filename,
+        has_token,
+        entry_not_found=(
             f"file {filename} was not found in repository {repo_id}; check --tokenizer_path "
             "(Llama 3 keeps tokenizer.model under 'original', Llama 2 at the top level: '')"
-        )
-    if statuses and statuses[0] >= 500:
-        return (
-            f"could not download {filename} from {repo_id}: the Hub answered HTTP {statuses[0]} "
-            "(a server-side problem); try again later"
-        )
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip()
-    if offline and offline.lower() not in ("0", "false", "no", "off"):
-        return (
-            f"could not download {filename} from {repo_id}: HF_HUB_OFFLINE={offline} is set, so "
-            "the Hub was not contacted and the file is not in the local directory or cache; "
-            "unset HF_HUB_OFFLINE to download"
-        )
-    if has(hf_errors.LocalEntryNotFoundError, ConnectionError, TimeoutError):
-        return (
-            f"could not download {filename} from {repo_id}: the Hugging Face Hub could not be "
-            "reached (check the network connection, proxy settings and HF_ENDPOINT)"
-        )
-    if statuses:
-        return f"could not download {filename} from {repo_id}: the Hub answered HTTP {statuses[0]}"
-    if isinstance(error, OSError) and not isinstance(error, hf_errors.HfHubHTTPError):
-        reason = error.strerror or type(error).__name__
-        where = f" ({error.filename})" if error.filename else ""
-        return f"could not save {filename}: {reason}{where}"
-    return f"could not download {filename} from {repo_id}: {type(error).__name__}"
+        ),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

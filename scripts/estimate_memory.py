@@ -129,15 +129,16 @@ def _adapt(job_config) -> list[str]:
 
 def _vocab_size(plan, job_config) -> int:
     """The tokenizer's size, as train.py uses; the flavor's published one if the file is absent."""
+    from torchtitan.datasets.tokenizer import tokenizer_source
     from torchtitan.errors import ConfigError
 
-    path = job_config.model.tokenizer_path
-    if path and os.path.isfile(path):
-        return plan.spec.build_tokenizer_fn(path).n_words
+    path, key = tokenizer_source(job_config.model)  # tokenizer_path, else hf_assets_path's
+    if path and os.path.exists(path):
+        return plan.spec.build_tokenizer_fn(path, key=key).n_words
     if plan.model_args.vocab_size > 0:
         return plan.model_args.vocab_size
     raise ConfigError(
-        f"model.tokenizer_path: {path!r} does not exist and flavor "
+        f"{key}: {path!r} does not exist and flavor "
         f"'{job_config.model.flavor}' has no published vocabulary size; give the tokenizer file"
     )
 

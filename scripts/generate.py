@@ -1,11 +1,14 @@
-"""Greedy generation from a DCP checkpoint or a Hugging Face export.
+"""Greedy generation from a DCP checkpoint or a Hugging Face model folder.
 
-    python scripts/generate.py --checkpoint DIR --tokenizer PATH --prompt TEXT \\
+    python scripts/generate.py --checkpoint DIR [--tokenizer PATH] --prompt TEXT \\
         [--max_new_tokens 32] [--model llama3 --flavor 8B] [--json]
 
-DIR is a ``step-N`` DCP folder (give ``--flavor``) or a folder with ``config.json`` and
-safetensors (an export: the hyper-parameters come from config.json). The prompt is encoded with
-the tokenizer (bos first); generation stops after ``--max_new_tokens`` or at eos. ``--json``
+DIR is a ``step-N`` DCP folder (give ``--flavor`` and ``--tokenizer``) or a Hugging Face model
+folder with ``config.json`` and safetensors (an export, or a download: the hyper-parameters come
+from config.json, and the tokenizer from the folder when ``--tokenizer`` is not given). PATH is a
+tokenizer file or a folder holding one (tokenizer.json, tokenizer.model or
+original/tokenizer.model). The prompt is encoded with the tokenizer (bos first); generation stops
+after ``--max_new_tokens`` or at eos. ``--json``
 makes the last stdout line ``{"prompt_ids": [...], "output_ids": [...], "text": "..."}``
 (output_ids: the new tokens only; text: their decoding).
 """
@@ -55,6 +58,22 @@ def load_model(checkpoint: str, model: str, flavor: str | None):
     return net.float().eval(), args
 
 
+def load_tokenizer(tokenizer: str | None, checkpoint: str):
+    """``--tokenizer`` (a file or a folder), else the tokenizer of the ``--checkpoint`` folder."""
+    from torchtitan.datasets.tokenizer import build_tokenizer, tokenizer_file_in
+    from torchtitan.errors import ConfigError
+
+    if tokenizer:
+        return build_tokenizer(tokenizer, key="--tokenizer")
+    if os.path.isdir(checkpoint) and tokenizer_file_in(checkpoint) is not None:
+        return build_tokenizer(checkpoint, key="--checkpoint")
+    raise ConfigError(
+        f"--tokenizer: needed, since --checkpoint {checkpoint!r} holds no tokenizer "
+        "(tokenizer.json, tokenizer.model or original/tokenizer.model); give a tokenizer file or "
+        "a Hugging Face model folder"
+    )
+
+
 def greedy(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, max_len: int) -> list[int]:
     import torch
 
@@ -75,7 +94,12 @@ def greedy(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, max_len
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer file or folder (default: the --checkpoint folder's, for a Hugging Face "
+        "model folder)",
+    )
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--max_new_tokens", type=int, default=32)
     parser.add_argument("--model", default="llama3")
@@ -83,11 +107,16 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     a = parser.parse_args()
 
-    from torchtitan.datasets.tokenizer import build_tokenizer
-
-    tok = build_tokenizer(a.tokenizer)
+    tok = load_tokenizer(a.tokenizer, a.checkpoint)
     net, args = load_model(a.checkpoint, a.model, a.flavor)
     prompt_ids = tok.encode(a.prompt, bos=True, eos=False)
+    if max(prompt_ids, default=0) >= args.vocab_size:
+        from torchtitan.errors import ConfigError
+
+        raise ConfigError(
+            f"--tokenizer: the prompt holds token id {max(prompt_ids)}, beyond the model's "
+            f"vocabulary ({args.vocab_size}): the tokenizer is not this model's"
+        )
     new = greedy(net, prompt_ids, a.max_new_tokens, tok.eos_id, args.max_seq_len)
     text = tok.decode(new)
     if a.json:

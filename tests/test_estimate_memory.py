@@ -101,4 +101,8 @@ def test_bad_input_is_one_line(tmp_path):
         cwd=ROOT, env=train_env(tmp_path), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 2
-    assert out.stderr.strip().startswith("error: parallelism") and "\n" not in out.stderr.strip()
+    assert out.stderr.strip().startswith(
+        "error: command line: --parallelism.tensor_parallel_degree: 2 does not divide the world "
+        "size 3"
+    )
+    assert "\n" not in out.stderr.strip()

@@ -12,7 +12,7 @@ What is saved, keyed by name so that any parallel layout can load it (DCP reshar
 
 Auto-resume: a job whose folder holds complete checkpoints continues from the newest one with the
 full training state (or ``checkpoint.load_step``); one that fails to load is reported and the one
-before it is tried. Model-only checkpoints (exports, ``model_weights_only``) are not resume
+before it is tried. Model-only checkpoints (exports, ``every_save_model_only``) are not resume
 points, except a seed checkpoint at step 0, whose weights start the run.
 """
 
@@ -181,12 +181,18 @@ class CheckpointManager:
         self.train_state = train_state
         self.model_parts = model_parts
         self.model_args, self.tokenizer = model_args, tokenizer
+        # initial_load_in_hf reads checkpoint.initial_load_path, else the model.hf_assets_path
+        # folder: (folder, the key it came from), None if neither is set
+        self.hf_load_path = hf_load_source(job_config)
         self.pp_rank, self.pp_degree = pp_rank, pp_degree
         # the rank that writes its pipeline stage's weights in a Hugging Face export: the first
         # rank of each stage (the mesh puts pp outermost)
         self.stage_writer = rank % (world_size // pp_degree) == 0
         self.async_mode = self.cfg.async_mode if self.enabled else "disabled"
         self._pending: _PendingSave | None = None
+        self._last_save_time = (
+            time.monotonic()
+        )  # checkpoint.interval_type = "seconds" counts from it
         self._stager: Any = None
         # Async saves talk over their own gloo group from a background thread, never over the
         # training group (whose collectives they would interleave with).
@@ -211,12 +217,25 @@ class CheckpointManager:
             return
         self.poll()
         last = step == self.total_steps
-        if step % self.cfg.interval and not last:
+        if not last and not self._due(step):
             return
-        model_only = self.cfg.model_weights_only or (last and self.cfg.last_save_model_only)
+        model_only = self.cfg.every_save_model_only or (last and self.cfg.last_save_model_only)
         self.save(step, model_only=model_only, export=model_only)
         if last and self.cfg.last_save_in_hf:
             self.export_hf(step)
+
+    def _due(self, step: int) -> bool:
+        """Whether ``checkpoint.interval`` has passed: steps, or seconds since the last save (or
+        the start) by every rank's clock, the latest deciding (one small collective a step)."""
+        if self.cfg.interval_type == "steps":
+            return step % self.cfg.interval == 0
+        elapsed = time.monotonic() - self._last_save_time
+        due = torch.tensor([1 if elapsed >= self.cfg.interval else 0], device=_collective_device())
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(due, op=dist.ReduceOp.MAX)
+        if due.item():
+            self._last_save_time = time.monotonic()
+        return bool(due.item())
 
     def save_seed(self) -> str:
         """``step-0`` with the freshly initialized weights (float32): every later run of this
@@ -391,8 +410,8 @@ class CheckpointManager:
         self._set_aside_newer(complete, loaded.step if loaded else 0, failed)
         if loaded is not None:
             return True
-        if self.cfg.initial_load_path and self.cfg.initial_load_in_hf:
-            self._load_hf(self.cfg.initial_load_path)
+        if self.cfg.initial_load_in_hf and self.hf_load_path is not None:
+            self._load_hf(*self.hf_load_path)
             return True
         if self.cfg.initial_load_path:
             path = self.cfg.initial_load_path
@@ -495,8 +514,9 @@ class CheckpointManager:
 
     # ---- Hugging Face
 
-    def _load_hf(self, path: str) -> None:
-        """Start from Hugging Face weights: every rank reads the files and keeps its shards."""
+    def _load_hf(self, path: str, key: str = "checkpoint.initial_load_path") -> None:
+        """Start from Hugging Face weights: every rank reads the files and keeps its shards.
+        ``key``: the setting that named ``path``, for errors."""
         from torchtitan.models.llama.hf_format import from_hf, read_folder
 
         t0 = time.perf_counter()
@@ -506,7 +526,7 @@ class CheckpointManager:
         try:
             state = from_hf(read_folder(path), self.model_args, expected)
         except TorchTitanError as e:
-            raise CheckpointError(f"checkpoint.initial_load_path: {e}") from e
+            raise CheckpointError(f"{key}: {e}") from e
         for part in self.model_parts:
             own = {k: state[k] for k in get_model_state_dict(part)}
             set_model_state_dict(part, own, options=StateDictOptions(full_state_dict=True))
@@ -583,6 +603,18 @@ class CheckpointManager:
         _agree(_attempt(publish))
         logger.info(f"Exported Hugging Face weights to {final} in {time.perf_counter() - t0:.2f}s")
         return final
+
+
+def hf_load_source(job_config: JobConfig) -> tuple[str, str] | None:
+    """``(folder, key)`` that ``checkpoint.initial_load_in_hf`` reads its weights from:
+    ``checkpoint.initial_load_path`` when set, else ``model.hf_assets_path`` (a Hugging Face
+    model folder), else None."""
+    if job_config.checkpoint.initial_load_path:
+        return job_config.checkpoint.initial_load_path, "checkpoint.initial_load_path"
+    hf_assets_path = getattr(job_config.model, "hf_assets_path", None)
+    if hf_assets_path:
+        return hf_assets_path, "model.hf_assets_path"
+    return None
 
 
 def read_model_weights(path: str, progress: Any = None) -> dict[str, torch.Tensor]:
@@ -742,6 +774,13 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:300] if text else ""
+
+
+def _collective_device() -> torch.device:
+    """Where a tensor for the default group's collectives lives (NCCL: this rank's GPU)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _barrier() -> None:

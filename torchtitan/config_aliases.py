@@ -154,6 +154,13 @@ _FP8_LINEAR = Alias(
     why="2024's fp8_linear takes '' (off) or 'dynamic' (float8 with dynamic scaling)",
     note="'dynamic' adds float8",
 )
+_ROTATE = Alias(
+    None,
+    old_type=str,
+    only=("allgather",),
+    why="context parallel here all-gathers K/V; use 'allgather'",
+    note="the all-gather method is the one built here",
+)
 _MOE = "needs a mixture-of-experts model, which this version does not have yet"
 
 ALIASES: dict[str, Alias] = {
@@ -243,13 +250,7 @@ ALIASES: dict[str, Alias] = {
     "experimental.pipeline_parallel_schedule_csv": _refuse(
         str, ("",), "schedules from a CSV file are not supported here; leave it empty"
     ),
-    "experimental.context_parallel_rotate_method": Alias(
-        None,
-        old_type=str,
-        only=("allgather",),
-        why="context parallel here all-gathers K/V; use 'allgather'",
-        note="the all-gather method is the one built here",
-    ),
+    "experimental.context_parallel_rotate_method": _ROTATE,
     "experimental.enable_compiled_autograd": _NO_COMPILED_AUTOGRAD,
     "experimental.custom_model_path": _rename("job.custom_import"),
     "experimental.custom_import": _rename("job.custom_import"),
@@ -277,13 +278,7 @@ ALIASES: dict[str, Alias] = {
         "stages here split the transformer blocks only; use 1 (or set "
         "pipeline_parallel_split_points)",
     ),
-    "parallelism.context_parallel_rotate_method": Alias(
-        None,
-        old_type=str,
-        only=("allgather",),
-        why="context parallel here all-gathers K/V; use 'allgather'",
-        note="the all-gather method is the one built here",
-    ),
+    "parallelism.context_parallel_rotate_method": _ROTATE,
     "parallelism.context_parallel_load_balancer": Alias(
         None,
         old_type=str,

@@ -109,7 +109,7 @@ class Model:
     def tokenizer_source(self) -> tuple[str, str]:
         """(path, key that named it): ``tokenizer_path`` when set, else the Hugging Face assets
         folder's tokenizer when ``hf_assets_path`` is set, else the default tokenizer."""
-        if self.hf_assets_path and self.tokenizer_path == _DEFAULT_TOKENIZER:
+        if self.hf_assets_path and self.tokenizer_path in ("", _DEFAULT_TOKENIZER):
             return self.hf_assets_path, "model.hf_assets_path"
         return self.tokenizer_path, "model.tokenizer_path"
 
@@ -742,20 +742,7 @@ def _config_class(settings: list[Setting], problems: Problems) -> type[JobConfig
 def extend_job_config(module_name: str, where: str = "job.custom_config_module") -> type:
     """JobConfig merged with the ``JobConfig`` dataclass of a user's module (a dotted module name
     or a .py file): its new sections are added and its keys join ours in shared sections."""
-    try:
-        if module_name.endswith(".py"):
-            spec = importlib.util.spec_from_file_location("torchtitan_custom_config", module_name)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {module_name}")
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-        else:
-            mod = importlib.import_module(module_name)
-    except (ImportError, OSError, SyntaxError) as e:
-        raise ConfigError(
-            f"{where}: cannot import '{module_name}' ({e}); give an importable module or a .py "
-            "file that defines a JobConfig dataclass"
-        ) from None
+    mod = import_user_module(module_name, where, "a JobConfig dataclass")
     custom = getattr(mod, "JobConfig", None)
     if not dataclasses.is_dataclass(custom):
         raise ConfigError(f"{where}: '{module_name}' defines no JobConfig dataclass")
@@ -768,6 +755,27 @@ def extend_job_config(module_name: str, where: str = "job.custom_config_module")
             )
         merged.append((name, section_cls, field(default_factory=section_cls)))
     return dataclasses.make_dataclass("JobConfig", merged, bases=(JobConfig,))
+
+
+def import_user_module(name: str, where: str, what: str) -> types.ModuleType:
+    """A user's module, by dotted name or .py file path; ConfigError naming ``where`` if it
+    cannot be imported (``what``: what the module should provide, for the message)."""
+    try:
+        if not name.endswith(".py"):
+            return importlib.import_module(name)
+        module_name = os.path.basename(name)[:-3]
+        spec = importlib.util.spec_from_file_location(module_name, name)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {name}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # so that its dataclasses resolve their annotations
+        spec.loader.exec_module(module)
+        return module
+    except (ImportError, OSError, SyntaxError) as e:
+        raise ConfigError(
+            f"{where}: cannot import '{name}' ({e}); give an importable module name or a .py "
+            f"file that provides {what}"
+        ) from None
 
 
 def locate(cfg: JobConfig, line: str) -> str:

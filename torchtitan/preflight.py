@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from torchtitan import utils
-from torchtitan.config_manager import JobConfig, located, parse_args
+from torchtitan.config_manager import JobConfig, import_user_module, located, parse_args
 from torchtitan.datasets.hf_datasets import check_dataset_config
 from torchtitan.errors import ConfigError, ConfigErrors, Problems, TorchTitanError, error_lines
 from torchtitan.float8 import check_converters
@@ -127,23 +127,8 @@ def _check_dump_folder(folder: str) -> None:
 def import_custom_module(name: str | None) -> None:
     """``job.custom_import``: a user's module (dotted name or .py file) imported for its side
     effects, such as registering a model family with ``register_train_spec``."""
-    if not name:
-        return
-    try:
-        if name.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(os.path.basename(name)[:-3], name)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {name}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-        else:
-            importlib.import_module(name)
-    except (ImportError, OSError, SyntaxError) as e:
-        raise ConfigError(
-            f"job.custom_import: cannot import '{name}' ({e}); give an importable module name "
-            "or a .py file"
-        ) from None
+    if name:
+        import_user_module(name, "job.custom_import", "what it registers")
 
 
 def check_vocab(job_config: JobConfig, model_args: Any, n_words: int) -> int:
@@ -298,10 +283,10 @@ def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) 
     with problems.collect():
         spec = get_train_spec(job_config.model.name)
         model_args = _model_args(job_config)
-        path, _ = job_config.model.tokenizer_source()
+        path, key = job_config.model.tokenizer_source()
         try:
             if os.path.exists(path):  # a missing one is reported by the config's file checks
-                tokenizer = spec.build_tokenizer_fn(path)
+                tokenizer = spec.build_tokenizer_fn(path, key=key)
                 check_vocab(job_config, model_args, tokenizer.n_words)
         except ConfigError as e:
             raise located(job_config, e) from None

@@ -7,6 +7,9 @@
   template that puts ``<|begin_of_text|>`` first.
 * Llama 2 (SentencePiece): the ``tokenizer.model`` file itself, with a ``tokenizer_config.json``
   naming ``LlamaTokenizer``.
+* A Hugging Face ``tokenizer.json`` (``HuggingFaceTokenizer``): the file itself, with the
+  ``tokenizer_config.json`` (and ``special_tokens_map.json``) it came with, or a
+  ``tokenizer_config.json`` naming its BOS and EOS where it came without one.
 
 Only the standard library is used: training machines need no ``tokenizers`` package.
 """
@@ -19,7 +22,11 @@ import shutil
 from typing import Any
 
 from torchtitan.datasets.tokenizer import (
+    HF_SPECIAL_TOKENS_MAP,
+    HF_TOKENIZER_CONFIG,
+    HF_TOKENIZER_FILE,
     LLAMA3_SPLIT_PATTERN,
+    HuggingFaceTokenizer,
     SentencePieceTokenizer,
     TikTokenizer,
     Tokenizer,
@@ -160,8 +167,26 @@ def write_tokenizer_files(path: str, tok: Tokenizer, model_max_length: int) -> l
             "legacy": True,
         }
         files = ["tokenizer.model"]
+    elif isinstance(tok, HuggingFaceTokenizer):
+        source = os.path.dirname(os.path.abspath(tok.path))
+        shutil.copyfile(tok.path, os.path.join(path, HF_TOKENIZER_FILE))
+        files = [HF_TOKENIZER_FILE]
+        if os.path.isfile(os.path.join(source, HF_SPECIAL_TOKENS_MAP)):
+            shutil.copyfile(
+                os.path.join(source, HF_SPECIAL_TOKENS_MAP),
+                os.path.join(path, HF_SPECIAL_TOKENS_MAP),
+            )
+            files.append(HF_SPECIAL_TOKENS_MAP)
+        config = tok.tokenizer_config()
+        config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+        config.setdefault("model_max_length", model_max_length)
+        config.setdefault("clean_up_tokenization_spaces", False)
+        # BOS / EOS may have come from config.json: name them here, where AutoTokenizer looks
+        for name, token_id in (("bos", tok.bos_id), ("eos", tok.eos_id)):
+            if not config.get(f"{name}_token"):
+                config[f"{name}_token"] = tok.id_to_token(token_id)
     else:
         raise TypeError(f"no Hugging Face tokenizer files for {type(tok).__name__}")
-    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    return [*files, "tokenizer_config.json"]
+    with open(os.path.join(path, HF_TOKENIZER_CONFIG), "w") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+    return [*files, HF_TOKENIZER_CONFIG]

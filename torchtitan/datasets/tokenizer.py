@@ -1,8 +1,11 @@
-"""Tokenizers: Llama 3 tiktoken BPE and Llama 2 SentencePiece, chosen from the file's content.
+"""Tokenizers: Llama 3 tiktoken BPE, Llama 2 SentencePiece and Hugging Face ``tokenizer.json``.
 
-``build_tokenizer(path)`` looks at the file and returns a :class:`TikTokenizer` (a tiktoken BPE file:
-UTF-8 lines ``<base64 token bytes> <rank>``, as Llama 3's ``original/tokenizer.model``) or a
-:class:`SentencePieceTokenizer` (a SentencePiece model proto, as Llama 2's ``tokenizer.model``).
+``build_tokenizer(path)`` looks at what ``path`` holds and returns a :class:`TikTokenizer` (a
+tiktoken BPE file: UTF-8 lines ``<base64 token bytes> <rank>``, as Llama 3's
+``original/tokenizer.model``), a :class:`SentencePieceTokenizer` (a SentencePiece model proto, as
+Llama 2's ``tokenizer.model``) or a :class:`HuggingFaceTokenizer` (a ``tokenizer.json`` read by the
+``tokenizers`` library). ``path`` may also be a folder as the Hugging Face Hub ships a model (see
+:func:`tokenizer_file_in`). :func:`tokenizer_source` says which path the config selects.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import json
 import os
 import re
 from abc import ABC, abstractmethod
@@ -22,7 +26,11 @@ __all__ = [
     "Tokenizer",
     "TikTokenizer",
     "SentencePieceTokenizer",
+    "HuggingFaceTokenizer",
     "build_tokenizer",
+    "tokenizer_file_in",
+    "tokenizer_source",
+    "resolve_tokenizer_path",
     "LLAMA3_SPLIT_PATTERN",
     "llama3_special_tokens",
 ]
@@ -48,8 +56,9 @@ MAX_CHUNK_CHARS = 400_000
 MAX_RUN_CHARS = 25_000
 
 _TOKENIZER_HELP = (
-    "give the Llama 3 original/tokenizer.model or a Llama 2 tokenizer.model "
-    "(see scripts/download_tokenizer.py)"
+    "give a Hugging Face model folder or its tokenizer.json, the Llama 3 original/tokenizer.model "
+    "or a Llama 2 tokenizer.model (see scripts/download_hf_assets.py, "
+    "scripts/download_tokenizer.py)"
 )
 
 
@@ -216,6 +225,139 @@ class SentencePieceTokenizer(Tokenizer):
         return ids
 
 
+HF_TOKENIZER_FILE = "tokenizer.json"
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"
+HF_SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+HF_MODEL_CONFIG = "config.json"
+
+
+class HuggingFaceTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizer.json``, run by the ``tokenizers`` library as written.
+
+    The ids are those of ``transformers.AutoTokenizer`` on the same folder called with
+    ``add_special_tokens=False`` (the file's post-processor would add its own BOS; ``bos``/``eos``
+    here add ours), with one deliberate difference, as in :class:`TikTokenizer`: special-token
+    text inside a document (``"<|end_of_text|>"``) is encoded as ordinary text, so data cannot
+    inject control tokens (``AutoTokenizer``'s ``split_special_tokens=True``).
+
+    BOS / EOS / pad come from the files next to ``tokenizer.json``: ``bos_token`` / ``eos_token``
+    / ``pad_token`` of ``tokenizer_config.json`` (a string, or a dict whose ``content`` is the
+    token), else of ``special_tokens_map.json``, else ``bos_token_id`` / ``eos_token_id`` /
+    ``pad_token_id`` of ``config.json`` (the first id of a list). A BOS and an EOS are required;
+    a missing pad is -1.
+
+    ``n_words``: one more than the largest id (added tokens included), or the ``vocab_size`` of
+    the folder's ``config.json`` where that is larger (models pad their embedding), so that the
+    model built from it takes the folder's weights.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        try:
+            from tokenizers import Tokenizer as _HFTokenizerModel
+        except ImportError:
+            raise ValueError(
+                "the tokenizers package is not installed (pip install 'tokenizers>=0.19')"
+            ) from None
+
+        self.path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(self.path))
+        self._model = _HFTokenizerModel.from_file(self.path)
+        # special-token text in a document is plain text (see the class docstring)
+        self._model.encode_special_tokens = True
+        self._tokenizer_config = tokenizer_config = _read_json_object(
+            os.path.join(folder, HF_TOKENIZER_CONFIG)
+        )
+        special_tokens_map = _read_json_object(os.path.join(folder, HF_SPECIAL_TOKENS_MAP))
+        model_config = _read_json_object(os.path.join(folder, HF_MODEL_CONFIG))
+
+        vocab = self._model.get_vocab(with_added_tokens=True)
+        n_words = max(
+            self._model.get_vocab_size(with_added_tokens=True),
+            max(vocab.values(), default=-1) + 1,
+        )
+        config_vocab = model_config.get("vocab_size")
+        if isinstance(config_vocab, int) and not isinstance(config_vocab, bool):
+            n_words = max(n_words, config_vocab)
+        self._n_words = n_words
+
+        def special(name: str, required: bool) -> int:
+            for source, values in (
+                (HF_TOKENIZER_CONFIG, tokenizer_config),
+                (HF_SPECIAL_TOKENS_MAP, special_tokens_map),
+            ):
+                token = values.get(f"{name}_token")
+                if isinstance(token, dict):
+                    token = token.get("content")
+                if isinstance(token, str) and token:
+                    token_id = self._model.token_to_id(token)
+                    if token_id is None:
+                        raise ValueError(
+                            f"{name}_token {token!r} of {source} is not in its vocabulary"
+                        )
+                    return token_id
+            token_id = model_config.get(f"{name}_token_id")
+            if isinstance(token_id, list):
+                token_id = token_id[0] if token_id else None
+            if isinstance(token_id, int) and not isinstance(token_id, bool):
+                if not 0 <= token_id < n_words:
+                    raise ValueError(
+                        f"{name}_token_id {token_id} of {HF_MODEL_CONFIG} is outside the "
+                        f"vocabulary (0..{n_words - 1})"
+                    )
+                return token_id
+            if required:
+                raise ValueError(
+                    f"defines no {name.upper()} token: set {name}_token in {HF_TOKENIZER_CONFIG} "
+                    f"or {name}_token_id in {HF_MODEL_CONFIG} next to it"
+                )
+            return -1
+
+        self._bos_id = special("bos", required=True)
+        self._eos_id = special("eos", required=True)
+        self._pad_id = special("pad", required=False)
+
+    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
+        ids: list[int] = [self._bos_id] if bos else []
+        ids.extend(self._model.encode(text, add_special_tokens=False).ids)
+        if eos:
+            ids.append(self._eos_id)
+        return ids
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a tokenizers.Tokenizer comes back from pickle (a data loader worker, say) without it
+        self.__dict__.update(state)
+        self._model.encode_special_tokens = True
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token string of ``token_id`` (None if the vocabulary has no such id)."""
+        return self._model.id_to_token(int(token_id))
+
+    def tokenizer_config(self) -> dict[str, Any]:
+        """A copy of the ``tokenizer_config.json`` next to the file ({} if there is none)."""
+        return json.loads(json.dumps(self._tokenizer_config))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # special tokens are kept and spaces are not "cleaned up": what transformers' decode gives
+        # for a BPE tokenizer
+        return self._model.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def _read_json_object(path: str) -> dict[str, Any]:
+    """The JSON object in ``path``; {} if there is no such file. ValueError if it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise ValueError(f"cannot read {os.path.basename(path)} ({e.strerror})") from None
+    except ValueError as e:
+        raise ValueError(f"{os.path.basename(path)} is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{os.path.basename(path)} does not hold a JSON object")
+    return value
+
+
 _BPE_LINE_RE = re.compile(rb"[A-Za-z0-9+/]+={0,2} \d+")
 _SNIFF_BYTES = 1 << 16
 _MAX_TOKENIZER_BYTES = 1 << 29
@@ -240,19 +382,44 @@ def _looks_like_tiktoken_bpe(head: bytes, complete: bool) -> bool:
     return True
 
 
-def build_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load the tokenizer at ``path`` (the ``model.tokenizer_path`` setting), detecting its kind.
+# Where a folder keeps its tokenizer, in the order looked for: a Hugging Face tokenizer.json, a
+# tokenizer.model at the top (Llama 2's SentencePiece model, or this library's export), then
+# original/tokenizer.model (where the Llama 3 repositories keep the tiktoken BPE file).
+FOLDER_TOKENIZER_FILES = (
+    HF_TOKENIZER_FILE,
+    "tokenizer.model",
+    os.path.join("original", "tokenizer.model"),
+)
 
-    Raises :class:`ConfigError` if the path is missing, a directory, unreadable, or neither kind.
+
+def tokenizer_file_in(folder: str | os.PathLike) -> str | None:
+    """The tokenizer file a folder provides (see ``FOLDER_TOKENIZER_FILES``), None if none."""
+    for name in FOLDER_TOKENIZER_FILES:
+        candidate = os.path.join(os.fspath(folder), name)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def build_tokenizer(path: str | os.PathLike, *, key: str = "model.tokenizer_path") -> Tokenizer:
+    """Load the tokenizer at ``path``, detecting its kind from the content.
+
+    ``path`` is a tiktoken BPE file, a SentencePiece model, a Hugging Face ``tokenizer.json``, or
+    a folder holding one of them (``tokenizer_file_in``). ``key`` is the setting the path came
+    from, named in errors. Raises :class:`ConfigError` (one line) if the path is missing, a folder
+    without a tokenizer, unreadable, or of no known kind.
     """
     path = os.fspath(path)
-    key = "model.tokenizer_path"
     if not path:
         raise ConfigError(f"{key}: no tokenizer given; {_TOKENIZER_HELP}")
     if os.path.isdir(path):
-        raise ConfigError(
-            f"{key}: {path!r} is a directory, not a tokenizer file; {_TOKENIZER_HELP}"
-        )
+        found = tokenizer_file_in(path)
+        if found is None:
+            raise ConfigError(
+                f"{key}: {path!r} is a directory with none of "
+                f"{', '.join(FOLDER_TOKENIZER_FILES)} in it; {_TOKENIZER_HELP}"
+            )
+        path = found
     if not os.path.exists(path):
         raise ConfigError(f"{key}: {path!r} does not exist; {_TOKENIZER_HELP}")
     try:
@@ -268,6 +435,14 @@ def build_tokenizer(path: str | os.PathLike) -> Tokenizer:
             f"{_TOKENIZER_HELP}"
         )
 
+    if head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"{"):
+        try:
+            return HuggingFaceTokenizer(path)
+        except Exception as e:  # not a tokenizer.json, or no BOS / EOS next to it
+            raise ConfigError(
+                f"{key}: {path!r} is JSON but does not load as a Hugging Face tokenizer.json "
+                f"({_first_line(e)}); {_TOKENIZER_HELP}"
+            ) from None
     if _looks_like_tiktoken_bpe(head, complete=len(head) >= size):
         try:
             return TikTokenizer(path)
@@ -281,9 +456,55 @@ def build_tokenizer(path: str | os.PathLike) -> Tokenizer:
     except Exception:
         pass
     raise ConfigError(
-        f"{key}: {path!r} is neither a tiktoken BPE file nor a SentencePiece model; "
-        f"{_TOKENIZER_HELP}"
+        f"{key}: {path!r} is neither a tiktoken BPE file nor a SentencePiece model (nor a "
+        f"tokenizer.json); {_TOKENIZER_HELP}"
     )
+
+
+# The tokenizer a config names when it names none (the project's test tokenizer, relative to the
+# working directory as every path of a config is).
+DEFAULT_TOKENIZER_PATH = "tests/assets/tokenizer/tiktoken.model"
+
+
+def tokenizer_source(model_cfg: Any) -> tuple[str, str]:
+    """``(path, key)``: the tokenizer a ``[model]`` config section selects and the key it came
+    from, for ``build_tokenizer(path, key=key)``.
+
+    ``model.tokenizer_path`` when it is set to anything but its default; else
+    ``model.hf_assets_path`` when that is set (the folder's tokenizer, see ``tokenizer_file_in``);
+    else the default ``tokenizer_path``. An empty or None ``tokenizer_path`` counts as unset.
+    A section that states the rule itself (a ``tokenizer_source()`` method, as the config's
+    ``Model`` has) is asked, so that there is one rule.
+    """
+    own_rule = getattr(model_cfg, "tokenizer_source", None)
+    if callable(own_rule):
+        path, key = own_rule()
+        if path:
+            return os.fspath(path), key
+    tokenizer_path = getattr(model_cfg, "tokenizer_path", None) or ""
+    hf_assets_path = getattr(model_cfg, "hf_assets_path", None) or ""
+    default = _field_default(model_cfg, "tokenizer_path") or DEFAULT_TOKENIZER_PATH
+    if tokenizer_path and tokenizer_path != default:
+        return tokenizer_path, "model.tokenizer_path"
+    if hf_assets_path:
+        return hf_assets_path, "model.hf_assets_path"
+    return tokenizer_path or default, "model.tokenizer_path"
+
+
+def resolve_tokenizer_path(model_cfg: Any) -> str:
+    """The tokenizer path a ``[model]`` config section selects (see ``tokenizer_source``)."""
+    return tokenizer_source(model_cfg)[0]
+
+
+def _field_default(obj: Any, name: str) -> Any:
+    """The declared default of dataclass field ``name`` of ``obj`` (None if there is none)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            if f.name == name and f.default is not dataclasses.MISSING:
+                return f.default
+    return None
 
 
 def _first_line(e: BaseException) -> str:
