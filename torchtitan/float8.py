@@ -2,15 +2,17 @@
 
 The converter swaps ``nn.Linear`` modules for torchao's ``Float8Linear`` on the meta-device model,
 before any parallelism is applied, so that FSDP2 can all-gather the float8 weights when
-``float8.enable_fsdp_float8_all_gather`` is set. The matmuls need float8 tensor cores: CUDA compute
-capability 8.9 or newer (Ada, Hopper, Blackwell). On CPU, torch builds whose ``torch._scaled_mm``
-has a CPU kernel (2.13 does) run the same code very slowly, which is enough to check numerics at
-toy sizes without a GPU. Requirements are checked by preflight, before any process starts, so an
+``float8.enable_fsdp_float8_all_gather`` is set, and tensor parallel can give those linears
+torchao's float8 styles (:func:`tp_styles`, used by ``parallelize_llama.apply_tp``). The matmuls
+need float8 tensor cores: CUDA compute capability 8.9 or newer (Ada, Hopper, Blackwell). On CPU,
+torch builds whose ``torch._scaled_mm`` has a CPU kernel (2.13 does) run the same code very
+slowly, which is enough to check numerics at toy sizes without a GPU. Requirements are checked by preflight, before any process starts, so an
 unsupported machine or a missing ``torchao`` ends with one clear line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import torch
@@ -25,8 +27,13 @@ CONVERTERS = ("float8",)
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 
 
-def check_converters(job_config: JobConfig, device_type: str, tp: int) -> None:
-    """Raise ConfigError unless every ``model.converters`` entry can run on this machine."""
+def check_converters(job_config: JobConfig, device_type: str) -> None:
+    """Raise ConfigError unless every ``model.converters`` entry can run on ``device_type``
+    (this machine's, or the CUDA target a job is checked for from a machine without a GPU).
+
+    Any ``tp`` degree works: tensor parallel takes torchao's float8 styles with the tensorwise
+    recipe and the plain ones with rowwise recipes (``parallelize_llama.apply_tp``).
+    """
     for name in job_config.model.converters:
         if name not in CONVERTERS:
             raise ConfigError(
@@ -38,25 +45,20 @@ def check_converters(job_config: JobConfig, device_type: str, tp: int) -> None:
         raise ConfigError(
             "model.converters: float8 needs torchao, which is not installed: pip install torchao"
         )
-    if device_type == "cuda":
+    if device_type == "cuda" and torch.cuda.is_available() and not job_config.float8.emulate:
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 9):
             raise ConfigError(
                 f"model.converters: float8 needs CUDA compute capability >= 8.9; this GPU has "
                 f"{major}.{minor}: remove 'float8' from model.converters"
             )
-    elif not cpu_float8_matmul_works():
+    elif device_type != "cuda" and not cpu_float8_matmul_works():
         raise ConfigError(
             f"model.converters: float8 needs a CUDA GPU with compute capability >= 8.9 (e.g. H100) "
             f"or a torch whose CPU build has float8 matmuls (torch._scaled_mm); this {device_type} "
             f"with torch {torch.__version__} has neither: remove 'float8' from model.converters"
         )
     f8 = job_config.float8
-    if tp > 1:
-        raise ConfigError(
-            "model.converters: float8 with parallelism.tensor_parallel_degree > 1 is not supported "
-            "in this version; use float8 with FSDP/HSDP/PP, or drop it"
-        )
     if f8.recipe_name != "tensorwise" and f8.enable_fsdp_float8_all_gather:
         raise ConfigError(
             f"float8.enable_fsdp_float8_all_gather: needs float8.recipe_name = 'tensorwise' "
@@ -67,6 +69,79 @@ def check_converters(job_config: JobConfig, device_type: str, tp: int) -> None:
             "float8.precompute_float8_dynamic_scale_for_fsdp: needs "
             "float8.enable_fsdp_float8_all_gather = true"
         )
+
+
+def tensorwise_tp(job_config: JobConfig) -> bool:
+    """Whether tensor parallel should use torchao's float8 styles (float8 all-gathers).
+
+    Only with the tensorwise recipe: its one dynamic scale per tensor is what torchao's float8 TP
+    styles compute across the shards. Rowwise recipes keep the plain TP styles, so activations
+    are all-gathered in high precision and each ``Float8Linear`` casts its own DTensor inputs.
+    """
+    return "float8" in job_config.model.converters and job_config.float8.recipe_name == "tensorwise"
+
+
+def is_float8_linear(module: nn.Module) -> bool:
+    """A linear that the converter swapped (``filter_fqns`` and odd sizes stay ``nn.Linear``)."""
+    if importlib.util.find_spec("torchao") is None:
+        return False
+    from torchao.float8.float8_linear import Float8Linear
+
+    return isinstance(module, Float8Linear)
+
+
+def tp_styles():
+    """torchao's float8 versions of ``(ColwiseParallel, RowwiseParallel, PrepareModuleInput)``.
+
+    Each casts its input to float8 with a tensorwise scale before the redistribution, so the
+    sequence-parallel all-gathers move float8 bytes; the prepare style casts a block input once
+    for all the linears that read it (attention's wq/wk/wv, the feed-forward's w1/w3).
+    """
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+
+    _gather_cpu_float8_as_bytes()
+    return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+
+
+def _gather_cpu_float8_as_bytes() -> None:
+    """Let gloo all-gather float8 activations: it has no float8 dtypes ("Invalid scalar type").
+
+    torchao all-gathers a float8 tensor's data as is, which NCCL can do. For CPU tensors this
+    wraps torchao's handler so that the same bytes travel as ``uint8`` and are viewed back as
+    float8: the gathered values are bit-identical, only the dtype gloo sees differs. CUDA tensors
+    go to torchao's handler unchanged. (FSDP2's float8 all-gather already sends bytes.)
+    """
+    from torchao.float8 import float8_ops
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor
+
+    ops = (
+        torch.ops._c10d_functional.all_gather_into_tensor.default,
+        torch.ops.c10d_functional.all_gather_into_tensor.default,
+    )
+    for op in ops:
+        torchao_gather = float8_ops.FLOAT8_OPS_TABLE.get(op)
+        if torchao_gather is None or getattr(torchao_gather, "gathers_cpu_bytes", False):
+            continue
+
+        def gather(aten_op, args, kwargs=None, torchao_gather=torchao_gather):
+            t = args[0]
+            if t._data.device.type != "cpu":
+                return torchao_gather(aten_op, args, kwargs)
+            data = aten_op(t._data.contiguous().view(torch.uint8), *args[1:], **(kwargs or {}))
+            return Float8TrainingTensor(
+                data.view(t._data.dtype),
+                t._scale,
+                t._orig_dtype,
+                t._linear_mm_config,
+                t._gemm_input_role,
+            )
+
+        gather.gathers_cpu_bytes = True
+        float8_ops.FLOAT8_OPS_TABLE[op] = gather
 
 
 def cpu_float8_matmul_works() -> bool:
@@ -89,8 +164,12 @@ def _float8_config(job_config: JobConfig):
 
     f8 = job_config.float8
     if f8.recipe_name == "tensorwise":
-        return Float8LinearConfig(enable_fsdp_float8_all_gather=f8.enable_fsdp_float8_all_gather)
-    return Float8LinearConfig.from_recipe_name(f8.recipe_name)
+        return Float8LinearConfig(
+            enable_fsdp_float8_all_gather=f8.enable_fsdp_float8_all_gather, emulate=f8.emulate
+        )
+    return dataclasses.replace(
+        Float8LinearConfig.from_recipe_name(f8.recipe_name), emulate=f8.emulate
+    )
 
 
 def apply_converters(model: nn.Module, job_config: JobConfig) -> None:

@@ -1,11 +1,12 @@
 """Apply parallelisms to a Llama Transformer (or a pipeline stage of one) without touching its math.
 
-Order, each step optional: tensor parallel (with sequence parallel on the norms and, unless
-``parallelism.disable_loss_parallel``, a vocab-parallel loss) -> context parallel (attention
-over the sequence split across ranks) -> activation checkpointing ->
-``torch.compile`` per transformer block -> FSDP2 ``fully_shard`` per block and at the root
-(over ``dp_shard x cp``; HSDP over a 2-D mesh when ``dp_replicate`` is also > 1), or composable
-DDP when only ``dp_replicate > 1``. Model code is never edited: only modules are wrapped or sharded.
+Order, each step optional: tensor parallel (with sequence parallel on the norms, torchao's float8
+styles for float8 linears and, unless ``parallelism.disable_loss_parallel``, a vocab-parallel
+loss) -> context parallel (attention over the sequence split across ranks) -> activation
+checkpointing -> ``torch.compile`` per transformer block -> FSDP2 ``fully_shard`` per block
+and at the root (over ``dp_shard x cp``; HSDP over a 2-D mesh when ``dp_replicate`` is also > 1),
+or composable DDP when only ``dp_replicate > 1``. Model code is never edited: only modules are
+wrapped or sharded.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from torchtitan import float8
 from torchtitan.config_manager import JobConfig
 from torchtitan.errors import ConfigError
 from torchtitan.log import logger
@@ -85,6 +87,7 @@ def parallelize_llama(
             loss_parallel=uses_loss_parallel(dims, job_config),
             async_tp=job_config.parallelism.enable_async_tensor_parallel,
             compiled_blocks=job_config.compile.compiles("model"),
+            float8_tensorwise=float8.tensorwise_tp(job_config),
         )
         logger.info(
             f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config)}"
@@ -135,6 +138,7 @@ def apply_tp(
     loss_parallel: bool,
     async_tp: bool = False,
     compiled_blocks: bool = False,
+    float8_tensorwise: bool = False,
 ) -> None:
     """Megatron-style TP: column-wise wq/wk/wv/w1/w3, row-wise wo/w2, sequence parallel norms.
 
@@ -142,6 +146,13 @@ def apply_tp(
     feed-forward input is all-gathered once and its output reduce-scattered back. With
     ``async_tp`` (CUDA and compiled blocks), inductor splits those collectives into pieces that
     overlap with the matmuls through symmetric memory.
+
+    With ``float8_tensorwise`` (float8 converter, tensorwise recipe), the block linears that are
+    torchao ``Float8Linear`` get torchao's float8 styles: inputs are cast to float8 (one scale over
+    the whole sequence) before the all-gather, which then moves one byte per element, and so are
+    the output gradients before their all-gather in backward. Linears left in high precision
+    (``float8.filter_fqns``, sizes not divisible by 16) keep the plain styles, and a block input
+    is gathered in float8 only if every linear reading it is float8.
     """
     if async_tp:
         from torch._inductor import config as inductor_config
@@ -166,28 +177,75 @@ def apply_tp(
         parallelize_module(model, tp_mesh, root_plan)
     if compiled_blocks and model.tok_embeddings is not None:
         model.tok_embeddings.register_forward_hook(_materialize_async_output)
+    styles = _BlockStyles(float8_tensorwise)
     for block in model.layers.values():
+        styles.block = block
         parallelize_module(
             block,
             tp_mesh,
             {
                 "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(
-                    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+                "attention": styles.prepare_input(
+                    "attention",
+                    ("wq", "wk", "wv"),
+                    input_layouts=(Shard(1), None),
+                    desired_input_layouts=(Replicate(), None),
                 ),
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
-                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "attention.wq": styles.colwise("attention.wq"),
+                "attention.wk": styles.colwise("attention.wk"),
+                "attention.wv": styles.colwise("attention.wv"),
+                "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),
                 "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                "feed_forward": styles.prepare_input(
+                    "feed_forward",
+                    ("w1", "w3"),
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Replicate(),),
                 ),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-                "feed_forward.w3": ColwiseParallel(),
+                "feed_forward.w1": styles.colwise("feed_forward.w1"),
+                "feed_forward.w2": styles.rowwise("feed_forward.w2", output_layouts=Shard(1)),
+                "feed_forward.w3": styles.colwise("feed_forward.w3"),
             },
         )
+    if float8_tensorwise:
+        logger.info(
+            f"Float8 tensor parallel: torchao's float8 styles on {styles.float8_linears} linears, "
+            f"{styles.float8_inputs} block inputs all-gathered in float8"
+        )
+
+
+class _BlockStyles:
+    """The TP style of each linear of ``block``: torchao's float8 style where it is float8."""
+
+    def __init__(self, float8_tensorwise: bool) -> None:
+        self.block: nn.Module | None = None  # the block being planned
+        self.float8 = float8_tensorwise
+        self.float8_linears = self.float8_inputs = 0
+        if float8_tensorwise:
+            self.f8_colwise, self.f8_rowwise, self.f8_prepare = float8.tp_styles()
+
+    def _is_float8(self, fqn: str) -> bool:
+        return self.float8 and float8.is_float8_linear(self.block.get_submodule(fqn))
+
+    def colwise(self, fqn: str, **kwargs) -> ColwiseParallel:
+        if not self._is_float8(fqn):
+            return ColwiseParallel(**kwargs)
+        self.float8_linears += 1
+        return self.f8_colwise(**kwargs)
+
+    def rowwise(self, fqn: str, **kwargs) -> RowwiseParallel:
+        if not self._is_float8(fqn):
+            return RowwiseParallel(**kwargs)
+        self.float8_linears += 1
+        return self.f8_rowwise(**kwargs)
+
+    def prepare_input(self, fqn: str, readers: tuple[str, ...], **kwargs) -> PrepareModuleInput:
+        """Gather ``fqn``'s input in float8 only if every linear reading it casts to float8."""
+        if not all(self._is_float8(f"{fqn}.{r}") for r in readers):
+            return PrepareModuleInput(**kwargs)
+        self.float8_inputs += 1
+        # the cast takes its config from the first reader (the converter gives all one config)
+        return self.f8_prepare(fwd_config_submodule_fqn=readers[0], **kwargs)
 
 
 def _materialize_async_output(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
