@@ -1,7 +1,6 @@
 """Float8 training (``model.converters = ["float8"]``) run for real on CPU, through torchao.
 
-torch 2.13's CPU build has a float8 ``torch._scaled_mm`` kernel (a slow reference one, ~0.1
-GFLOP/s), so the whole float8 path runs here as it does on an H100: the converter on the meta
+torch 2.13's CPU build has a float8 ``torch._scaled_mm`` kernel (no faster than float32), so the whole float8 path runs here as it does on an H100: the converter on the meta
 model, dynamic scaling, FSDP2 all-gathering float8 weights with scales precomputed after each
 optimizer step. The model is cut to one block (``model.n_layers``) and 64-token sequences to keep
 each step at a few seconds. The comparisons:

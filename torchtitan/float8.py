@@ -194,8 +194,8 @@ def apply_converters(model: nn.Module, job_config: JobConfig) -> None:
     )
     if utils.device_type != "cuda":
         logger.warning(
-            "Float8 on CPU runs torch's reference float8 matmul (~0.1 GFLOP/s): use it to check "
-            "a config's numerics at toy sizes (see docs/performance.md), not to train"
+            "Float8 on CPU runs torch's CPU float8 matmul (no faster than float32 here): use it "
+            "to check a config's numerics at small sizes (see docs/performance.md), not to train"
         )
 
 
