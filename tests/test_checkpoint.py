@@ -392,7 +392,7 @@ def test_interval_in_seconds_saves_by_the_clock_on_every_rank_alike(tmp_path):
                  "seconds", "--checkpoint.interval", "1", ngpu=2)  # fmt: skip
     steps = [c.step for c in scan(str(_folder(tmp_path))) if c.complete]
     assert steps[-1] == 8 and len(steps) >= 2, (steps, out.stdout[-2000:])
-    # an hour's interval: only the last step is saved
+    # an hour's interval: only the last step is saved (and the first, when asked for)
     out = _train(tmp_path / "hour", 6, *ONE_PROCESS, "--checkpoint.interval_type", "seconds",
-                 "--checkpoint.interval", "3600")  # fmt: skip
-    assert [c.step for c in scan(str(_folder(tmp_path / "hour")))] == [6]
+                 "--checkpoint.interval", "3600", "--checkpoint.enable_first_step_checkpoint")  # fmt: skip
+    assert [c.step for c in scan(str(_folder(tmp_path / "hour")))] == [1, 6]

@@ -217,7 +217,8 @@ class CheckpointManager:
             return
         self.poll()
         last = step == self.total_steps
-        if not last and not self._due(step):
+        first = step == 1 and self.cfg.enable_first_step_checkpoint
+        if not (last or self._due(step) or first):
             return
         model_only = self.cfg.every_save_model_only or (last and self.cfg.last_save_model_only)
         self.save(step, model_only=model_only, export=model_only)

@@ -38,7 +38,7 @@ class Alias:
 
     def warning(self, where: str, origin: str) -> str:
         if self.new is None:
-            return f"{where}: upstream test metadata, ignored here ({self.note or 'no effect'})"
+            return f"{where}: no effect here ({self.note})"
         extra = f" ({self.note})" if self.note else ""
         fix = (
             f"write --{self.new} instead"
@@ -108,9 +108,20 @@ def _rename(new: str, note: str = "") -> Alias:
     return Alias(new, note=note)
 
 
+def _ignored(old_type: Any, why: str) -> Alias:
+    """A setting of a feature not built here that changes nothing while that feature is off."""
+    return Alias(None, old_type=old_type, note=why)
+
+
 def _refuse(old_type: Any, only: tuple[Any, ...], why: str) -> Alias:
     """A key for a feature not built here: accepted at its off value, else refused with why."""
-    return Alias(None, old_type=old_type, only=only, why=why, note="the off value; no effect")
+    return Alias(
+        None,
+        old_type=old_type,
+        only=only,
+        why=why,
+        note="the off value of a feature not built here",
+    )
 
 
 _EXPERIMENTAL = {  # [experimental] and [training] keys that moved to [parallelism]
@@ -327,6 +338,78 @@ ALIASES: dict[str, Alias] = {
     ),
     **{f"quantize.linear.float8.{k}": _rename(f"float8.{k}") for k in _FLOAT8},
     "quantize.linear.float8.emulate": _rename("float8.emulate"),
+    # [activation_checkpoint]: late-2025 knobs of modes and policies not built here
+    "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns": _ignored(
+        list, "mixture-of-experts router matmuls; no effect on the dense models here"
+    ),
+    "activation_checkpoint.early_stop": _refuse(bool, (False,), "not supported here; use false"),
+    "activation_checkpoint.preserve_rng_state": _refuse(
+        bool, (False,), "not supported here; use false"
+    ),
+    "activation_checkpoint.determinism_check": _refuse(
+        str, ("default",), "not supported here; use 'default'"
+    ),
+    "activation_checkpoint.debug": _refuse(bool, (False,), "not supported here; use false"),
+    "activation_checkpoint.memory_budget": _ignored(float, "used only by mode 'memory_budget'"),
+    "activation_checkpoint.visualize_memory_budget_pareto": _refuse(
+        bool, (False,), "not supported here; use false"
+    ),
+    # [compile], [comm], [debug], [checkpoint]: late-2025 keys with one value here
+    "compile.backend": _refuse(str, ("inductor",), "blocks compile with inductor here"),
+    "comm.save_traces_file_prefix": _refuse(
+        str, ("rank_",), "flight-recorder dumps are named rank_N here"
+    ),
+    "comm.mode": _refuse(str, ("default",), "fake or local-tensor backends are not built here"),
+    "debug.deterministic_warn_only": _refuse(bool, (False,), "not supported here; use false"),
+    "debug.moe_force_load_balance": _refuse(bool, (False,), f"it {_MOE}; use false"),
+    "training.dataloader.prefetch_factor": _refuse(
+        int, (), "the loader has no worker processes; leave it out"
+    ),
+    "checkpoint.load_only": _refuse(bool, (False,), "not supported here; use false"),
+    "checkpoint.initial_load_in_hf_quantized": _refuse(
+        bool, (False,), "quantized Hugging Face weights are not read here; use false"
+    ),
+    "checkpoint.enable_ft_dataloader_checkpoints": _ignored(bool, "torchft is not used here"),
+    # [fault_tolerance] (torchft): off
+    "fault_tolerance.enable": _refuse(
+        bool, (False,), "torchft fault tolerance is not built here; use false"
+    ),
+    **{
+        f"fault_tolerance.{k}": _ignored(tp, "used only with fault_tolerance.enable")
+        for k, tp in (
+            ("replica_id", int),
+            ("group_size", int),
+            ("min_replica_size", int),
+            ("semi_sync_method", str),
+            ("sync_steps", int),
+            ("should_quantize", bool),
+            ("fragment_sync_delay", int),
+            ("fragment_update_alpha", float),
+            ("process_group", str),
+            ("process_group_timeout_ms", int),
+        )
+    },
+    # MX and grouped-matmul quantization: settings of converters not built here
+    **{
+        key: _ignored(tp, "used only by the mx or grouped-matmul converters, not built here")
+        for key, tp in (
+            ("mx.use_fp8_dim1_cast_triton_kernel", bool),
+            ("mx.mxfp8_dim1_cast_kernel_choice", str),
+            ("mx.recipe_name", str),
+            ("mx.filter_fqns", list),
+            ("mx.moe_fqns_prototype", list),
+            ("float8.moe_fqns_prototype", list),
+            ("quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", str),
+            ("quantize.linear.mx.recipe_name", str),
+            ("quantize.linear.mx.filter_fqns", list),
+            ("quantize.grouped_mm.float8.fqns", list),
+            ("quantize.grouped_mm.mx.recipe_name", str),
+            ("quantize.grouped_mm.mx.fqns", list),
+        )
+    },
+    "parallelism.pipeline_parallel_expert_parallel_overlap": _ignored(
+        bool, "used only with expert parallel"
+    ),
     # [memory_estimation]: here a script, not a training mode
     "memory_estimation.enabled": _refuse(
         bool, (False,), "use python scripts/estimate_memory.py with the same config instead"

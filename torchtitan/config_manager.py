@@ -262,6 +262,9 @@ class Checkpoint:
         "Unit of checkpoint.interval: steps, or seconds of training (checked at each step's end)",
         choices=("steps", "seconds"),
     )
+    enable_first_step_checkpoint: bool = opt(
+        False, "Also save after step 1 (to find a broken save path before hours of training)"
+    )
     keep_latest_k: int = opt(10, "Keep only the newest k complete checkpoints; 0 = keep all", ge=0)
     async_mode: str = opt(
         "disabled", "Asynchronous save", choices=("disabled", "async", "async_with_pinned_mem")
