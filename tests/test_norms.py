@@ -271,7 +271,8 @@ def test_bad_norm_type_is_one_line():
     with pytest.raises(ConfigError) as e:
         parse_args(["--model.tokenizer_path", TOKENIZER, "--model.norm_type", "layernorm"])
     assert str(e.value) == (
-        "model.norm_type: 'layernorm' is not one of: rmsnorm, compiled_rmsnorm, fused_rmsnorm"
+        "command line: --model.norm_type: 'layernorm' is not one of: rmsnorm, compiled_rmsnorm, "
+        "fused_rmsnorm"
     )
 
 
@@ -290,7 +291,7 @@ def test_fused_rmsnorm_refused_on_cpu():
     from torchtitan.preflight import check
 
     expected = (
-        "model.norm_type: fused_rmsnorm needs a CUDA GPU (Triton); use rmsnorm or "
+        "command line: --model.norm_type: fused_rmsnorm needs a CUDA GPU (Triton); use rmsnorm or "
         "compiled_rmsnorm on cpu"
     )
     cfg = parse_args(["--job.config_file", DEBUG_TOML, "--model.norm_type", "fused_rmsnorm"])

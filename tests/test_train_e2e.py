@@ -84,30 +84,37 @@ def test_ddp_with_gradient_accumulation(tmp_path):
         (
             ["--training.stepz", "3"],
             1,
-            "error: command line: unknown key 'training.stepz'; did you mean 'training.steps'?",
+            "error: command line: --training.stepz: unknown key; did you mean 'training.steps'?",
         ),
         (
             ["--parallelism.data_parallel_shard_degree", "3"],
             2,
-            "error: parallelism: dp_replicate=1 x dp_shard=3",
+            "error: command line: --parallelism.data_parallel_shard_degree: 3, but the world size is 2",
         ),
         (
             ["--parallelism.tensor_parallel_degree", "3"],
             3,
-            "error: parallelism.tensor_parallel_degree: 3 does not divide the model's n_heads (16)",
+            "error: command line: --parallelism.tensor_parallel_degree: 3 does not divide the "
+            "model's n_heads (16)",
         ),
         (
             ["--model.tokenizer_path", "nope.model"],
             1,
-            "error: model.tokenizer_path: 'nope.model' does not exist",
+            "error: command line: --model.tokenizer_path: 'nope.model' does not exist",
         ),
-        (["--training.dataset", "c5"], 1, "error: training.dataset: unknown dataset 'c5'"),
+        (
+            ["--training.dataset", "c5"],
+            1,
+            "error: command line: --training.dataset: unknown dataset 'c5'",
+        ),
     ],
 )
 def test_launcher_reports_bad_config_before_torchrun(tmp_path, args, ngpu, expected):
     out = launch(tmp_path, *args, ngpu=ngpu, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert out.stderr.strip().startswith(expected), out.stderr
+    lines = out.stderr.strip().splitlines()  # every problem found, one line each
+    assert any(line.startswith(expected) for line in lines), out.stderr
+    assert all(line.startswith("error: ") for line in lines), out.stderr
     assert "Traceback" not in out.stdout + out.stderr
     assert "torch.distributed.run" not in out.stdout  # torchrun never started
 
