@@ -33,6 +33,7 @@ def test_traces_are_written_per_rank_on_the_schedule(tmp_path):
 
 
 def test_warmup_and_active_steps_must_fit_the_frequency():
-    with pytest.raises(ConfigError, match=r"profiling.profiler_warmup \+ profiler_active \(3 \+ 1\) "
+    with pytest.raises(ConfigError, match=r"profiling.profiler_warmup \(default\): profiler_warmup \+ "
+                       r"profiler_active \(3 \+ 1\) "
                        r"must be <= profiling.profile_freq \(2\)"):  # fmt: skip
         parse_args(["--profiling.enable_profiling", "--profiling.profile_freq", "2"])

@@ -79,5 +79,5 @@ def test_validation_shape_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"with pp=2 validation batches must have the training"):
         check(cfg, world_size=2)
     cfg = parse_args(["--validation.enable", "--validation.dataset", "c7"])
-    with pytest.raises(ConfigError, match=r"^validation.dataset"):
+    with pytest.raises(ConfigError, match=r"^command line: --validation.dataset: unknown dataset"):
         check(cfg, world_size=1)
