@@ -160,19 +160,7 @@ def apply_tp(
 
         inductor_config._micro_pipeline_tp = True
         enable_symm_mem_for_group(tp_mesh.get_group().group_name)
-    root_plan = {}
-    if model.tok_embeddings is not None:
-        root_plan["tok_embeddings"] = RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Shard(1)
-        )
-    if model.norm is not None:
-        root_plan["norm"] = SequenceParallel()
-    if model.output is not None:
-        root_plan["output"] = ColwiseParallel(
-            input_layouts=Shard(1),
-            output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=not loss_parallel,
-        )
+    root_plan = _root_plan(model, loss_parallel)
     if root_plan:
         parallelize_module(model, tp_mesh, root_plan)
     if compiled_blocks and model.tok_embeddings is not None:
@@ -180,38 +168,55 @@ def apply_tp(
     styles = _BlockStyles(float8_tensorwise)
     for block in model.layers.values():
         styles.block = block
-        parallelize_module(
-            block,
-            tp_mesh,
-            {
-                "attention_norm": SequenceParallel(),
-                "attention": styles.prepare_input(
-                    "attention",
-                    ("wq", "wk", "wv"),
-                    input_layouts=(Shard(1), None),
-                    desired_input_layouts=(Replicate(), None),
-                ),
-                "attention.wq": styles.colwise("attention.wq"),
-                "attention.wk": styles.colwise("attention.wk"),
-                "attention.wv": styles.colwise("attention.wv"),
-                "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),
-                "ffn_norm": SequenceParallel(),
-                "feed_forward": styles.prepare_input(
-                    "feed_forward",
-                    ("w1", "w3"),
-                    input_layouts=(Shard(1),),
-                    desired_input_layouts=(Replicate(),),
-                ),
-                "feed_forward.w1": styles.colwise("feed_forward.w1"),
-                "feed_forward.w2": styles.rowwise("feed_forward.w2", output_layouts=Shard(1)),
-                "feed_forward.w3": styles.colwise("feed_forward.w3"),
-            },
-        )
+        parallelize_module(block, tp_mesh, _block_plan(styles))
     if float8_tensorwise:
         logger.info(
             f"Float8 tensor parallel: torchao's float8 styles on {styles.float8_linears} linears, "
             f"{styles.float8_inputs} block inputs all-gathered in float8"
         )
+
+
+def _root_plan(model: nn.Module, loss_parallel: bool) -> dict[str, Any]:
+    """The styles of the modules outside the blocks that this (pipeline) part holds."""
+    plan: dict[str, Any] = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    return plan
+
+
+def _block_plan(styles: Any) -> dict[str, Any]:
+    """One transformer block's styles (``styles.block`` is the block)."""
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": styles.prepare_input(
+            "attention",
+            ("wq", "wk", "wv"),
+            input_layouts=(Shard(1), None),
+            desired_input_layouts=(Replicate(), None),
+        ),
+        "attention.wq": styles.colwise("attention.wq"),
+        "attention.wk": styles.colwise("attention.wk"),
+        "attention.wv": styles.colwise("attention.wv"),
+        "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": styles.prepare_input(
+            "feed_forward",
+            ("w1", "w3"),
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+        ),
+        "feed_forward.w1": styles.colwise("feed_forward.w1"),
+        "feed_forward.w2": styles.rowwise("feed_forward.w2", output_layouts=Shard(1)),
+        "feed_forward.w3": styles.colwise("feed_forward.w3"),
+    }
 
 
 class _BlockStyles:
