@@ -174,6 +174,8 @@ def train(job_config: JobConfig) -> None:
         world_size=world_size,
         model_args=model_args,
         tokenizer=tokenizer,
+        hf_adapter=spec.state_dict_adapter,
+        export_tokenizer=spec.export_tokenizer_fn,
         pp_rank=mesh["pp"].get_local_rank() if dims.pp > 1 else 0,
         pp_degree=dims.pp,
     )

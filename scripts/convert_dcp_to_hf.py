@@ -1,4 +1,4 @@
-"""DCP checkpoint folder -> Hugging Face Llama folder that ``transformers`` loads.
+"""DCP checkpoint folder -> Hugging Face model folder that ``transformers`` loads.
 
     python scripts/convert_dcp_to_hf.py CHECKPOINT_DIR OUT_DIR --model llama3 --flavor 8B \\
         [--tokenizer PATH] [--dtype bfloat16] [--max_shard_gb 5]
@@ -29,9 +29,9 @@ def main() -> None:
 
     import torch
 
-    from torchtitan.checkpoint import read_model_weights
-    from torchtitan.models.llama.hf_format import hf_config, to_hf, write_folder
-    from torchtitan.train_spec import get_model_args
+    from torchtitan.checkpoint.hf_files import write_folder
+    from torchtitan.checkpoint.manager import read_model_weights
+    from torchtitan.train_spec import get_model_args, get_train_spec
 
     state = read_model_weights(a.checkpoint, progress=progress("read checkpoint"))
     vocab = state["tok_embeddings.weight"].shape[0]
@@ -43,15 +43,17 @@ def main() -> None:
 
         tok = build_tokenizer(a.tokenizer)
         bos, eos = tok.bos_id, tok.eos_id
-    hf_state = {k: v.to(dtype) for k, v in to_hf(state, args).items()}
+    spec = get_train_spec(a.model)
+    if spec.state_dict_adapter is None:
+        raise SystemExit(f"--model: {a.model} has no Hugging Face state-dict adapter")
+    adapter = spec.state_dict_adapter(args)
+    hf_state = {k: v.to(dtype) for k, v in adapter.to_hf(state).items()}
     files = write_folder(
-        a.out_dir, hf_state, hf_config(args, dtype=dtype, bos_id=bos, eos_id=eos),
+        a.out_dir, hf_state, adapter.hf_config(dtype=dtype, bos_id=bos, eos_id=eos),
         max_shard_bytes=int(a.max_shard_gb * (1 << 30)),
     )  # fmt: skip
     if a.tokenizer:
-        from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
-
-        files += write_tokenizer_files(a.out_dir, tok, args.max_seq_len)
+        files += spec.export_tokenizer_fn(a.out_dir, tok, args.max_seq_len)
     print(f"wrote {a.out_dir}: config.json, {', '.join(files)}")
 
 

@@ -1,4 +1,4 @@
-"""Hugging Face Llama folder -> DCP checkpoint folder (model weights, float32 as stored).
+"""Hugging Face model folder (any registered family: Llama, Qwen3) -> DCP checkpoint folder (model weights, float32 as stored).
 
     python scripts/convert_hf_to_dcp.py HF_DIR OUT_DIR
 
@@ -23,24 +23,12 @@ def main() -> None:
     parser.add_argument("out_dir")
     a = parser.parse_args()
 
-    import torch
     import torch.distributed.checkpoint as dcp
 
-    from torchtitan.checkpoint import MARKER
-    from torchtitan.models.llama.hf_format import (
-        args_from_hf_config,
-        from_hf,
-        read_config,
-        read_folder,
-    )
-    from torchtitan.models.llama.model import Transformer
+    from torchtitan.checkpoint.hf_files import read_hf_model
+    from torchtitan.checkpoint.manager import MARKER
 
-    args = args_from_hf_config(read_config(a.hf_dir))
-    with torch.device("meta"):
-        expected = {
-            k: v.shape for k, v in Transformer(args).state_dict().items() if k != "rope_cache"
-        }
-    state = from_hf(read_folder(a.hf_dir, progress=progress("read safetensors")), args, expected)
+    _, _, state = read_hf_model(a.hf_dir, "HF_DIR", progress=progress("read safetensors"))
     dcp.save({"model": state}, checkpoint_id=a.out_dir, no_dist=True)
     with open(os.path.join(a.out_dir, MARKER), "w") as f:
         json.dump({"step": 0, "model_only": True, "world_size": 1}, f)

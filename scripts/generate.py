@@ -24,33 +24,24 @@ from _common import progress, run
 
 
 def load_model(checkpoint: str, model: str, flavor: str | None):
-    import torch
 
     from torchtitan.errors import ConfigError
-    from torchtitan.models.llama.hf_format import (
-        args_from_hf_config,
-        from_hf,
-        read_config,
-        read_folder,
-    )
-    from torchtitan.models.llama.model import Transformer
-    from torchtitan.train_spec import get_model_args
+    from torchtitan.train_spec import get_model_args, get_train_spec
 
     if os.path.isfile(os.path.join(checkpoint, "config.json")):
-        args = args_from_hf_config(read_config(checkpoint))
-        with torch.device("meta"):
-            expected = {k: v.shape for k, v in Transformer(args).state_dict().items()}
-        expected.pop("rope_cache", None)
-        state = from_hf(read_folder(checkpoint), args, expected)
+        from torchtitan.checkpoint.hf_files import read_hf_model
+
+        spec, args, state = read_hf_model(checkpoint, "--checkpoint")
     else:
-        from torchtitan.checkpoint import read_model_weights
+        from torchtitan.checkpoint.manager import read_model_weights
 
         if flavor is None:
             raise ConfigError("--flavor: needed for a DCP checkpoint (e.g. --flavor 8B)")
         state = read_model_weights(checkpoint, progress=progress("read checkpoint"))
         vocab = state["tok_embeddings.weight"].shape[0]
         args = dataclasses.replace(get_model_args(model, flavor), vocab_size=vocab)
-    net = Transformer(args)
+        spec = get_train_spec(model)
+    net = spec.cls(args)
     missing, unexpected = net.load_state_dict(state, strict=False)
     allowed_missing = {"output.weight"} if args.tie_word_embeddings else set()
     if unexpected or set(missing) - allowed_missing:

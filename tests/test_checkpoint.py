@@ -12,7 +12,7 @@ import pytest
 import torch
 from launcher import launch, tensorboard_scalars_all_runs
 
-from torchtitan.checkpoint import scan
+from torchtitan.checkpoint.manager import scan
 
 # Warm-up up to the resume point and no decay: a 10-step and a 20-step run follow the same
 # schedule, and a resume that lost the LR-scheduler state would warm up again (other losses).
@@ -171,7 +171,7 @@ def test_checkpoint_metadata_cannot_run_code(tmp_path):
     """DCP's metadata is a pickle: only DCP's own metadata classes may be built from it."""
     import pickle
 
-    from torchtitan.checkpoint import CheckpointError, _checkpoint_keys
+    from torchtitan.checkpoint.manager import CheckpointError, _checkpoint_keys
 
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_Evil()))
     with pytest.raises(CheckpointError, match="is not allowed in checkpoint metadata"):
@@ -295,7 +295,7 @@ class _EvilGetattr:
 def test_metadata_getattr_only_gives_enum_members(tmp_path):
     import pickle
 
-    from torchtitan.checkpoint import CheckpointError, _checkpoint_keys
+    from torchtitan.checkpoint.manager import CheckpointError, _checkpoint_keys
 
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_EvilGetattr()))
     with pytest.raises(CheckpointError, match="is not allowed in checkpoint metadata"):
@@ -316,7 +316,7 @@ def test_excluded_state_is_not_loaded(tmp_path, unbroken):
 
 @pytest.mark.slow
 def test_model_only_saves_are_exports_not_resume_points(tmp_path):
-    from torchtitan.checkpoint import read_model_weights
+    from torchtitan.checkpoint.manager import read_model_weights
 
     _train(tmp_path, 5, *ONE_PROCESS, "--checkpoint.every_save_model_only",
            "--checkpoint.export_dtype", "bfloat16")  # fmt: skip

@@ -348,7 +348,7 @@ def test_tokenizer_source_rule():
 
 
 def test_checkpoint_hf_load_source():
-    from torchtitan.checkpoint import hf_load_source
+    from torchtitan.checkpoint.manager import hf_load_source
     from torchtitan.config_manager import JobConfig
 
     cfg = JobConfig()
@@ -605,7 +605,8 @@ def hf_folder(trained, tmp_path_factory) -> Path:
     vocabulary is that tokenizer's."""
     import torch
 
-    from torchtitan.models.llama.hf_format import hf_config, to_hf, write_folder
+    from torchtitan.checkpoint.hf_files import write_folder
+    from torchtitan.models.llama.hf_adapter import LlamaStateDictAdapter
     from torchtitan.models.llama.model import Transformer
 
     folder = tmp_path_factory.mktemp("Llama-debug")
@@ -615,8 +616,9 @@ def hf_folder(trained, tmp_path_factory) -> Path:
     torch.manual_seed(0)
     model = Transformer(args)
     model.init_weights()
-    config = hf_config(args, dtype=torch.float32, bos_id=tok.bos_id, eos_id=tok.eos_id)
-    write_folder(str(folder), to_hf(model.state_dict(), args), config)
+    adapter = LlamaStateDictAdapter(args)
+    config = adapter.hf_config(dtype=torch.float32, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    write_folder(str(folder), adapter.to_hf(model.state_dict()), config)
     return folder
 
 
@@ -661,7 +663,7 @@ def test_training_starts_from_a_hf_assets_folder(hf_folder, tmp_path):
     import torch
     from launcher import launch
 
-    from torchtitan.models.llama.hf_format import read_folder
+    from torchtitan.checkpoint.hf_files import read_folder
 
     out = launch(tmp_path, "--model.hf_assets_path", str(hf_folder),
                  "--checkpoint.enable", "--checkpoint.initial_load_in_hf",

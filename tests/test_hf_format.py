@@ -9,15 +9,23 @@ import json
 import pytest
 import torch
 
-from torchtitan.models.llama.hf_format import (
-    HFFormatError,
-    from_hf,
-    hf_config,
-    read_folder,
-    to_hf,
-    write_folder,
-)
+from torchtitan.checkpoint.hf_files import read_folder, write_folder
+from torchtitan.errors import HFFormatError
+from torchtitan.models.llama.hf_adapter import LlamaStateDictAdapter
 from torchtitan.models.llama.model import ModelArgs, Transformer
+
+
+def to_hf(state, args):
+    return LlamaStateDictAdapter(args).to_hf(state)
+
+
+def from_hf(hf_state, args, expected):
+    return LlamaStateDictAdapter(args).from_hf(hf_state, expected)
+
+
+def hf_config(args, **kwargs):
+    return LlamaStateDictAdapter(args).hf_config(**kwargs)
+
 
 transformers = pytest.importorskip("transformers")
 
@@ -197,7 +205,7 @@ def _script(name: str, *args: str) -> str:
 
 @pytest.mark.slow
 def test_conversion_scripts_agree_with_each_other(tmp_path, trained):
-    from torchtitan.checkpoint import read_model_weights
+    from torchtitan.checkpoint.manager import read_model_weights
 
     weights = read_model_weights(str(trained / "step-4"))
     _script("convert_dcp_to_hf.py", str(trained / "step-4"), str(tmp_path / "hf"),

@@ -21,6 +21,12 @@ class DataError(TorchTitanError):
     exit_code = 1
 
 
+class HFFormatError(TorchTitanError):
+    """Hugging Face weights that do not fit this model (names or shapes), or unreadable files."""
+
+    exit_code = 1
+
+
 class TrainingDiverged(TorchTitanError):
     """A non-finite loss or gradient norm: training stopped before that step's optimizer step."""
 

@@ -30,6 +30,10 @@ class TrainSpec:
     nparams_and_flops_fn: Callable[..., tuple[int, int]]
     # (meta model, PipelinePlan, pp rank) -> {stage index: stage module}; None: no pipelining
     pipelining_fn: Callable[..., Any] | None = None
+    # HFStateDictAdapter subclass (called with the model args); None: no Hugging Face exchange
+    state_dict_adapter: type | None = None
+    # (folder, tokenizer, max_seq_len) -> None: tokenizer files beside a Hugging Face export
+    export_tokenizer_fn: Callable[..., None] | None = None
 
 
 _REGISTRY: dict[str, TrainSpec] = {}
@@ -49,6 +53,24 @@ def get_train_spec(name: str) -> TrainSpec:
             f"model.name: unknown model '{name}'; valid: {', '.join(sorted(_REGISTRY))}"
         )
     return _REGISTRY[name]
+
+
+def spec_for_hf_config(config: dict, where: str) -> TrainSpec:
+    """The registered family whose adapter reads this ``config.json`` (by its ``model_type``)."""
+    import torchtitan.models  # noqa: F401  (registers the built-in families)
+
+    model_type = config.get("model_type")
+    for spec in _REGISTRY.values():
+        adapter = spec.state_dict_adapter
+        if adapter is not None and adapter.model_type == model_type:
+            return spec
+    known = sorted(
+        {s.state_dict_adapter.model_type for s in _REGISTRY.values() if s.state_dict_adapter}
+    )
+    raise ConfigError(
+        f"{where}: config.json model_type {model_type!r} is not a family this library builds; "
+        f"valid: {', '.join(known)}"
+    )
 
 
 def get_model_args(name: str, flavor: str) -> Any:

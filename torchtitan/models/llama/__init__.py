@@ -6,9 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from torchtitan.datasets.hf_datasets import build_hf_dataloader
+from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
 from torchtitan.datasets.tokenizer import build_tokenizer
 from torchtitan.lr_scheduling import build_lr_scheduler
 from torchtitan.models.llama.flavors import llama2_configs, llama3_configs
+from torchtitan.models.llama.hf_adapter import LlamaStateDictAdapter
 from torchtitan.models.llama.model import ModelArgs, Transformer, get_nparams_and_flops
 from torchtitan.optimizer import build_optimizer
 from torchtitan.parallelisms.parallelize_llama import parallelize_llama
@@ -37,5 +39,7 @@ for _name, _flavors in (("llama2", llama2_configs), ("llama3", llama3_configs)):
             build_lr_scheduler_fn=build_lr_scheduler,
             nparams_and_flops_fn=get_nparams_and_flops,
             pipelining_fn=split_model,
+            state_dict_adapter=LlamaStateDictAdapter,
+            export_tokenizer_fn=write_tokenizer_files,
         )
     )

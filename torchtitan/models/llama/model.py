@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from torchtitan.models.common.blocks import CausalAttention, FeedForward, trunc_normal_
+from torchtitan.models.common.decoder import Decoder, get_nparams_and_flops
 from torchtitan.models.norms import NORM_TYPES, RMSNorm, build_norm
 
 __all__ = [
@@ -176,46 +176,6 @@ def apply_rotary_emb(
 # --------------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def _trunc_normal_(weight: torch.Tensor, std: float, clip_stds: float = 3.0) -> None:
-    """Normal(0, std) truncated to +-``clip_stds`` std, by inverse-CDF sampling.
-
-    One uniform draw per element (unlike rejection sampling, the RNG use does not depend on the
-    values drawn), then the normal quantile via ``erfinv``; only pointwise ops, so it also runs
-    on sharded (DTensor) parameters. ``std`` is that of the untruncated normal.
-    """
-    if weight.is_meta:
-        return
-    # Sample in float32 at least: erfinv of low-precision uniforms would be coarse in the tails.
-    low_precision = weight.dtype in (torch.float16, torch.bfloat16)
-    sample = torch.empty_like(weight, dtype=torch.float32) if low_precision else weight
-    # Uniform on (Phi(-c), Phi(c)) mapped to (-erf(c/sqrt2), erf(c/sqrt2)) for erfinv.
-    bound = math.erf(clip_stds / math.sqrt(2.0))
-    sample.uniform_(-bound, bound)
-    sample.erfinv_()
-    sample.mul_(std * math.sqrt(2.0))
-    sample.clamp_(min=-clip_stds * std, max=clip_stds * std)
-    if sample is not weight:
-        weight.copy_(sample)
-
-
-class CausalAttention(nn.Module):
-    """Causal scaled dot-product attention: queries ``[B, H, T, D]``, keys and values
-    ``[B, H_kv, T, D]`` -> ``[B, H, T, D]``.
-
-    Each kv head serves ``H / H_kv`` consecutive query heads (Meta's ``repeat_kv`` convention).
-    A module of its own so that a parallelism can put another implementation of the same math in
-    its place (context parallel swaps in one that gathers keys and values across ranks).
-    """
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        n_rep = q.shape[1] // k.shape[1]
-        if n_rep > 1:
-            k = k.repeat_interleave(n_rep, dim=1)
-            v = v.repeat_interleave(n_rep, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
 class Attention(nn.Module):
     """Causal grouped-query self-attention with rotary embeddings (no biases, no dropout).
 
@@ -250,27 +210,8 @@ class Attention(nn.Module):
     def init_weights(self, init_std: float) -> None:
         """wq/wk/wv: truncated normal std 0.02; wo: the given (depth-scaled) std."""
         for linear in (self.wq, self.wk, self.wv):
-            _trunc_normal_(linear.weight, std=0.02)
-        _trunc_normal_(self.wo.weight, std=init_std)
-
-
-class FeedForward(nn.Module):
-    """SwiGLU MLP: ``w2(silu(w1(x)) * w3(x))`` without biases."""
-
-    def __init__(self, dim: int, hidden_dim: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
-        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-    def init_weights(self, init_std: float) -> None:
-        """w1/w3: truncated normal std 0.02; w2 (output side): the given std."""
-        _trunc_normal_(self.w1.weight, std=0.02)
-        _trunc_normal_(self.w3.weight, std=0.02)
-        _trunc_normal_(self.w2.weight, std=init_std)
+            trunc_normal_(linear.weight, std=0.02)
+        trunc_normal_(self.wo.weight, std=init_std)
 
 
 class TransformerBlock(nn.Module):
@@ -304,128 +245,21 @@ class TransformerBlock(nn.Module):
         self.feed_forward.init_weights(self.init_std)
 
 
-class Transformer(nn.Module):
-    """Llama decoder: token embedding, ``n_layers`` blocks, final RMSNorm, output projection.
+class Transformer(Decoder):
+    """Llama decoder: token embedding, ``n_layers`` blocks, final RMSNorm, output projection
+    (the shared skeleton and init of :class:`~torchtitan.models.common.decoder.Decoder`).
 
-    ``forward(tokens [B, T] int64) -> logits [B, T, vocab] float32``. ``layers`` is an
-    ``nn.ModuleDict`` keyed ``"0"``..``"n-1"`` so pipeline stages can drop layers and keep the
-    original names (checkpoint keys stay stable).
+    Weight init: wq/wk/wv/w1/w3 truncated normal std 0.02; wo/w2 std
+    ``0.02 / sqrt(2 * (layer_id + 1))`` (``depth_init``) or ``0.02 / sqrt(2 * n_layers)``.
     """
 
-    def __init__(self, args: ModelArgs) -> None:
-        super().__init__()
-        if args.vocab_size <= 0:
-            raise ValueError(
-                f"ModelArgs.vocab_size is {args.vocab_size}; set it from the tokenizer "
-                "(tokenizer.n_words) before building the model"
-            )
-        self.args = args
-        self.vocab_size = args.vocab_size
-        self.n_layers = args.n_layers
+    def build_block(self, layer_id: int, args: ModelArgs) -> nn.Module:
+        return TransformerBlock(layer_id, args)
 
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
-        # Non-persistent: recomputed by init_weights, never stored in checkpoints.
-        self.register_buffer("rope_cache", precompute_rope_cache(args), persistent=False)
-        self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
-        )
-        self.norm: RMSNorm | None = build_norm(args.norm_type, args.dim, args.norm_eps)
-        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
-        if args.tie_word_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+    def build_rope_cache(
+        self, args: ModelArgs, device: torch.device | str | None = None
+    ) -> torch.Tensor:
+        return precompute_rope_cache(args, device=device)
 
-    def _retie(self) -> None:
-        if (
-            self.args.tie_word_embeddings
-            and self.tok_embeddings is not None
-            and self.output is not None
-            and self.output.weight is not self.tok_embeddings.weight
-        ):
-            self.output.weight = self.tok_embeddings.weight
-
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        # Module._apply (to_empty from meta in particular) may replace each module's Parameter
-        # with a new object, which would silently untie the embedding and output weights.
-        result = super()._apply(fn, *args, **kwargs)
-        self._retie()
-        return result
-
-    def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
-        """(Re)compute the rotary table and initialize every parameter in place.
-
-        Deterministic given torch's RNG state: embeddings ~ N(0, 1); wq/wk/wv/w1/w3 truncated
-        normal std 0.02; wo/w2 std ``0.02 / sqrt(2 * (layer_id + 1))`` (``depth_init``) or
-        ``0.02 / sqrt(2 * n_layers)``; norms to one; output truncated normal std ``dim ** -0.5``.
-        Every truncated normal is cut at 3 std (inverse-CDF sampling, see ``_trunc_normal_``).
-
-        With tied embeddings the one shared matrix is truncated normal std 0.02 (the
-        ``initializer_range`` of Llama 3.2's config.json): unit-variance rows would make the
-        logits ~dim large at init, and even std ``dim ** -0.5`` lets each position's own token
-        embedding dominate its logits (initial loss far above ln(vocab)).
-
-        The table goes to ``buffer_device`` (default: where the buffer already is, i.e. the
-        ``to_empty`` device).
-        """
-        device = buffer_device if buffer_device is not None else self.rope_cache.device
-        with torch.no_grad():
-            self.rope_cache = precompute_rope_cache(self.args, device=device)
-        self._retie()
-        tied = self.args.tie_word_embeddings
-        if self.tok_embeddings is not None:
-            if tied:
-                _trunc_normal_(self.tok_embeddings.weight, std=0.02)
-            else:
-                nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=1.0)
-        for layer in self.layers.values():
-            layer.init_weights()
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            if not tied:
-                _trunc_normal_(self.output.weight, std=self.args.dim**-0.5, clip_stds=3.0)
-            elif self.tok_embeddings is None:
-                # a pipeline stage holding only the (tied) output: same scheme as the embedding
-                _trunc_normal_(self.output.weight, std=0.02)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits for every position; stages without embeddings take hidden states instead."""
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        for layer in self.layers.values():
-            h = layer(h, self.rope_cache)
-        if self.norm is not None:
-            h = self.norm(h)
-        if self.output is not None:
-            return self.output(h).float()
-        return h
-
-
-def get_nparams_and_flops(model: nn.Module, args: ModelArgs, seq_len: int) -> tuple[int, int]:
-    """Parameter count and training FLOPs per token; works on meta-device models.
-
-    * Parameters: every distinct parameter once (tied embedding/output weights count once).
-    * FLOPs per token ``= 6 * N + 6 * n_layers * dim * seq_len`` where
-
-      - ``N`` is the number of parameters used in matmuls: everything except the input embedding
-        table (a lookup), with the output projection counted even when tied to the embedding
-        (it is a real ``dim x vocab`` matmul). RMSNorm scales are negligible and included.
-        ``6 = 2`` (multiply-add) ``x 3`` (forward, grad wrt input, grad wrt weight).
-      - the attention term covers ``Q K^T`` and ``A V``: ``2 * 2 * T * dim`` FLOPs per token and
-        layer forward for full attention, halved for causal attention (``2 * T * dim``), times 3
-        for forward plus backward: ``6 * T * dim`` per layer. Grouped-query attention does not
-        change it (every query head still attends over T keys of width head_dim).
-
-    ``args.n_layers`` and ``args.dim`` are used for the attention term, so a pipeline stage's
-    model still reports the whole model's FLOPs; its parameter count is its own.
-    """
-    params = list(model.parameters())  # deduplicates shared Parameters
-    nparams = sum(p.numel() for p in params)
-
-    embedding = getattr(model, "tok_embeddings", None)
-    output = getattr(model, "output", None)
-    emb_numel = embedding.weight.numel() if embedding is not None else 0
-    out_numel = output.weight.numel() if output is not None else 0
-    tied = embedding is not None and output is not None and output.weight is embedding.weight
-
-    matmul_params = nparams - emb_numel + (out_numel if tied else 0)
-    flops_per_token = 6 * matmul_params + 6 * args.n_layers * args.dim * seq_len
-    return nparams, int(flops_per_token)
+    def build_norm(self, args: ModelArgs) -> nn.Module:
+        return build_norm(args.norm_type, args.dim, args.norm_eps)

@@ -170,6 +170,8 @@ class CheckpointManager:
         world_size: int,
         model_args: Any = None,
         tokenizer: Any = None,
+        hf_adapter: Any = None,
+        export_tokenizer: Any = None,
         pp_rank: int = 0,
         pp_degree: int = 1,
     ) -> None:
@@ -181,6 +183,8 @@ class CheckpointManager:
         self.train_state = train_state
         self.model_parts = model_parts
         self.model_args, self.tokenizer = model_args, tokenizer
+        # the family's HFStateDictAdapter class and tokenizer-file writer (from its train spec)
+        self.hf_adapter, self.export_tokenizer = hf_adapter, export_tokenizer
         # initial_load_in_hf reads checkpoint.initial_load_path, else the model.hf_assets_path
         # folder: (folder, the key it came from), None if neither is set
         self.hf_load_path = hf_load_source(job_config)
@@ -518,14 +522,14 @@ class CheckpointManager:
     def _load_hf(self, path: str, key: str = "checkpoint.initial_load_path") -> None:
         """Start from Hugging Face weights: every rank reads the files and keeps its shards.
         ``key``: the setting that named ``path``, for errors."""
-        from torchtitan.models.llama.hf_format import from_hf, read_folder
+        from torchtitan.checkpoint.hf_files import read_folder
 
         t0 = time.perf_counter()
         expected = {}
         for part in self.model_parts:
             expected.update({k: v.shape for k, v in get_model_state_dict(part).items()})
         try:
-            state = from_hf(read_folder(path), self.model_args, expected)
+            state = self._adapter(key).from_hf(read_folder(path), expected)
         except TorchTitanError as e:
             raise CheckpointError(f"{key}: {e}") from e
         for part in self.model_parts:
@@ -534,12 +538,21 @@ class CheckpointManager:
         self.train_state.load_state_dict({"step": 0, "ntokens_seen": 0})
         logger.info(f"Loaded Hugging Face weights from {path} in {time.perf_counter() - t0:.2f}s")
 
+    def _adapter(self, key: str) -> Any:
+        if self.hf_adapter is None:
+            raise CheckpointError(
+                f"{key}: this model family has no Hugging Face state-dict adapter in its train spec"
+            )
+        return self.hf_adapter(self.model_args)
+
     def export_hf(self, step: int) -> str | None:
         """``step-{step}-hf``: config.json, safetensors and tokenizer files that ``transformers``
         loads (``AutoModelForCausalLM``, ``AutoTokenizer``). Parameters
         are gathered one at a time onto the CPU of each stage's first rank; with pipeline
         parallelism every stage writes its own file and rank 0 the index."""
-        from torchtitan.models.llama.hf_format import INDEX, hf_config, to_hf, write_folder
+        from torchtitan.checkpoint.hf_files import INDEX, write_folder
+
+        adapter = self._adapter("checkpoint.last_save_in_hf")
 
         final = os.path.join(self.folder, f"step-{step}-hf")
         tmp = final + ".partial"
@@ -553,10 +566,9 @@ class CheckpointManager:
                 )  # a collective over the part's mesh, same order everywhere
                 if self.stage_writer:
                     state[name] = full.detach().to("cpu", dtype)
-        hf_state = to_hf(state, self.model_args) if self.stage_writer else {}
+        hf_state = adapter.to_hf(state) if self.stage_writer else {}
         tok = self.tokenizer
-        config = hf_config(
-            self.model_args,
+        config = adapter.hf_config(
             dtype=dtype,
             bos_id=getattr(tok, "bos_id", None),
             eos_id=getattr(tok, "eos_id", None),
@@ -566,10 +578,8 @@ class CheckpointManager:
         _agree(_attempt(lambda: self.rank == 0 and os.path.isdir(tmp) and shutil.rmtree(tmp)))
 
         def write() -> None:
-            if self.rank == 0 and tok is not None:
-                from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
-
-                write_tokenizer_files(tmp, tok, self.model_args.max_seq_len)
+            if self.rank == 0 and tok is not None and self.export_tokenizer is not None:
+                self.export_tokenizer(tmp, tok, self.model_args.max_seq_len)
             if self.pp_degree == 1 and self.rank == 0:
                 write_folder(tmp, hf_state, config)
             elif self.pp_degree > 1 and self.stage_writer:

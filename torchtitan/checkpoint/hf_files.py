@@ -1,0 +1,104 @@
+"""Hugging Face model folders: ``config.json`` plus ``model.safetensors``, or shards listed in
+``model.safetensors.index.json`` (its ``weight_map``), as ``from_pretrained`` reads them."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+import torch
+
+from torchtitan.errors import HFFormatError
+
+
+def read_config(path: str) -> dict:
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise HFFormatError(f"cannot read {file} ({type(e).__name__}: {e})") from e
+
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+def read_folder(
+    path: str, progress: Callable[[int, int], None] | None = None
+) -> dict[str, torch.Tensor]:
+    """All tensors of a Hugging Face model folder (one safetensors file, or shards + index);
+    ``progress(done, total)`` is called after each file."""
+    from safetensors.torch import load_file
+
+    if os.path.isfile(os.path.join(path, INDEX)):
+        with open(os.path.join(path, INDEX)) as f:
+            weight_map = json.load(f).get("weight_map", {})
+        files = sorted(set(weight_map.values()))
+    elif os.path.isfile(os.path.join(path, SINGLE)):
+        files = [SINGLE]
+    else:
+        raise HFFormatError(
+            f"'{path}' holds neither {SINGLE} nor {INDEX}: not a Hugging Face model folder"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for i, name in enumerate(files):
+        file = os.path.join(path, name)
+        try:
+            state.update(load_file(file))
+        except Exception as e:
+            raise HFFormatError(f"cannot read {file} ({type(e).__name__}: {e})") from e
+        if progress is not None:
+            progress(i + 1, len(files))
+    return state
+
+
+def write_folder(
+    path: str, hf_state: dict[str, torch.Tensor], config: dict, max_shard_bytes: int = 5 << 30
+) -> list[str]:
+    """``config.json`` and the weights (sharded with an index above ``max_shard_bytes``)."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, w in hf_state.items():
+        nbytes = w.numel() * w.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = w
+        size += nbytes
+    meta = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(path, SINGLE), metadata=meta)
+        return [SINGLE]
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map = {}
+    for name, shard in zip(names, shards):
+        save_file(shard, os.path.join(path, name), metadata=meta)
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(w.numel() * w.element_size() for w in hf_state.values())
+    with open(os.path.join(path, INDEX), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    return names
+
+
+def read_hf_model(path: str, where: str, progress: Callable[[int, int], None] | None = None):
+    """``(train spec, model args, state dict)`` of a Hugging Face model folder: the family comes
+    from config.json's ``model_type``, the weights through that family's adapter (full model).
+    ``where``: the setting or argument that named ``path``, for errors."""
+    from torchtitan.train_spec import spec_for_hf_config
+
+    config = read_config(path)
+    spec = spec_for_hf_config(config, where)
+    adapter = spec.state_dict_adapter
+    args = adapter.args_from_hf_config(config)
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in spec.cls(args).state_dict().items()}
+    expected.pop("rope_cache", None)
+    state = adapter(args).from_hf(read_folder(path, progress=progress), expected)
+    return spec, args, state

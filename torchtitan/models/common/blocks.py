@@ -1,0 +1,68 @@
+"""Blocks that several families share: truncated-normal init, causal attention, SwiGLU."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@torch.no_grad()
+def trunc_normal_(weight: torch.Tensor, std: float, clip_stds: float = 3.0) -> None:
+    """Normal(0, std) truncated to +-``clip_stds`` std, by inverse-CDF sampling.
+
+    One uniform draw per element (unlike rejection sampling, the RNG use does not depend on the
+    values drawn), then the normal quantile via ``erfinv``; only pointwise ops, so it also runs
+    on sharded (DTensor) parameters. ``std`` is that of the untruncated normal.
+    """
+    if weight.is_meta:
+        return
+    # Sample in float32 at least: erfinv of low-precision uniforms would be coarse in the tails.
+    low_precision = weight.dtype in (torch.float16, torch.bfloat16)
+    sample = torch.empty_like(weight, dtype=torch.float32) if low_precision else weight
+    # Uniform on (Phi(-c), Phi(c)) mapped to (-erf(c/sqrt2), erf(c/sqrt2)) for erfinv.
+    bound = math.erf(clip_stds / math.sqrt(2.0))
+    sample.uniform_(-bound, bound)
+    sample.erfinv_()
+    sample.mul_(std * math.sqrt(2.0))
+    sample.clamp_(min=-clip_stds * std, max=clip_stds * std)
+    if sample is not weight:
+        weight.copy_(sample)
+
+
+class CausalAttention(nn.Module):
+    """Causal scaled dot-product attention: queries ``[B, H, T, D]``, keys and values
+    ``[B, H_kv, T, D]`` -> ``[B, H, T, D]``.
+
+    Each kv head serves ``H / H_kv`` consecutive query heads (Meta's ``repeat_kv`` convention).
+    A module of its own so that a parallelism can put another implementation of the same math in
+    its place (context parallel swaps in one that gathers keys and values across ranks).
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n_rep = q.shape[1] // k.shape[1]
+        if n_rep > 1:
+            k = k.repeat_interleave(n_rep, dim=1)
+            v = v.repeat_interleave(n_rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: ``w2(silu(w1(x)) * w3(x))`` without biases."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, init_std: float) -> None:
+        """w1/w3: truncated normal std 0.02; w2 (output side): the given std."""
+        trunc_normal_(self.w1.weight, std=0.02)
+        trunc_normal_(self.w3.weight, std=0.02)
+        trunc_normal_(self.w2.weight, std=init_std)

@@ -1,0 +1,165 @@
+"""The skeleton of a dense decoder-only language model, which each family fills in.
+
+``tok_embeddings -> layers["0"] .. layers["n-1"] -> norm -> output``, every block called as
+``block(h, rope_cache)``. The attribute names are a contract with the generic code: the pipeline
+split drops ``layers`` entries and sets ``tok_embeddings`` / ``norm`` / ``output`` to ``None``
+(``forward`` then passes its input through the missing parts), FSDP and activation checkpointing
+wrap each entry of ``layers``, and a family's tensor-parallel plan names the same modules.
+
+A family subclasses :class:`Decoder` and provides ``build_block(layer_id, args)``,
+``build_rope_cache(args, device)`` and ``build_norm(args)``; its args carry ``dim``, ``n_layers``,
+``n_heads``, ``head_dim``, ``vocab_size`` and ``tie_word_embeddings``.
+
+Intended construction (the parallelisms may be applied between the steps)::
+
+    with torch.device("meta"):
+        model = Family(args)
+    model.to_empty(device="cuda")
+    model.init_weights()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchtitan.models.common.blocks import trunc_normal_
+
+
+class Decoder(nn.Module):
+    """``forward(tokens [B, T] int64) -> logits [B, T, vocab] float32``. ``layers`` is an
+    ``nn.ModuleDict`` keyed ``"0"``..``"n-1"`` so pipeline stages can drop layers and keep the
+    original names (checkpoint keys stay stable)."""
+
+    def __init__(self, args: Any) -> None:
+        super().__init__()
+        if args.vocab_size <= 0:
+            raise ValueError(
+                f"vocab_size is {args.vocab_size}; set it from the tokenizer "
+                "(tokenizer.n_words) before building the model"
+            )
+        self.args = args
+        self.vocab_size = args.vocab_size
+        self.n_layers = args.n_layers
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        # Non-persistent: recomputed by init_weights, never stored in checkpoints.
+        self.register_buffer("rope_cache", self.build_rope_cache(args), persistent=False)
+        self.layers = nn.ModuleDict(
+            {str(i): self.build_block(i, args) for i in range(args.n_layers)}
+        )
+        self.norm: nn.Module | None = self.build_norm(args)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    # ---- what a family provides
+
+    def build_block(self, layer_id: int, args: Any) -> nn.Module:
+        raise NotImplementedError
+
+    def build_rope_cache(self, args: Any, device: torch.device | str | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def build_norm(self, args: Any) -> nn.Module:
+        raise NotImplementedError
+
+    # ---- shared
+
+    def _retie(self) -> None:
+        if (
+            self.args.tie_word_embeddings
+            and self.tok_embeddings is not None
+            and self.output is not None
+            and self.output.weight is not self.tok_embeddings.weight
+        ):
+            self.output.weight = self.tok_embeddings.weight
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # Module._apply (to_empty from meta in particular) may replace each module's Parameter
+        # with a new object, which would silently untie the embedding and output weights.
+        result = super()._apply(fn, *args, **kwargs)
+        self._retie()
+        return result
+
+    def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
+        """(Re)compute the rotary table and initialize every parameter in place.
+
+        Deterministic given torch's RNG state: embeddings ~ N(0, 1); each block by its own
+        ``init_weights``; norms to one; output truncated normal std ``dim ** -0.5``. Every
+        truncated normal is cut at 3 std (inverse-CDF sampling, see ``trunc_normal_``).
+
+        With tied embeddings the one shared matrix is truncated normal std 0.02 (the
+        ``initializer_range`` of Llama 3.2's and Qwen3's config.json): unit-variance rows would
+        make the logits ~dim large at init, and even std ``dim ** -0.5`` lets each position's own
+        token embedding dominate its logits (initial loss far above ln(vocab)).
+
+        The table goes to ``buffer_device`` (default: where the buffer already is, i.e. the
+        ``to_empty`` device).
+        """
+        device = buffer_device if buffer_device is not None else self.rope_cache.device
+        with torch.no_grad():
+            self.rope_cache = self.build_rope_cache(self.args, device=device)
+        self._retie()
+        tied = self.args.tie_word_embeddings
+        if self.tok_embeddings is not None:
+            if tied:
+                trunc_normal_(self.tok_embeddings.weight, std=0.02)
+            else:
+                nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=1.0)
+        for layer in self.layers.values():
+            layer.init_weights()
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:
+            if not tied:
+                trunc_normal_(self.output.weight, std=self.args.dim**-0.5, clip_stds=3.0)
+            elif self.tok_embeddings is None:
+                # a pipeline stage holding only the (tied) output: same scheme as the embedding
+                trunc_normal_(self.output.weight, std=0.02)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits for every position; stages without embeddings take hidden states instead."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cache)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            return self.output(h).float()
+        return h
+
+
+def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[int, int]:
+    """Parameter count and training FLOPs per token; works on meta-device models.
+
+    * Parameters: every distinct parameter once (tied embedding/output weights count once).
+    * FLOPs per token ``= 6 * N + 6 * n_layers * n_heads * head_dim * seq_len`` where
+
+      - ``N`` is the number of parameters used in matmuls: everything except the input embedding
+        table (a lookup), with the output projection counted even when tied to the embedding
+        (it is a real ``dim x vocab`` matmul). RMSNorm scales are negligible and included.
+        ``6 = 2`` (multiply-add) ``x 3`` (forward, grad wrt input, grad wrt weight).
+      - the attention term covers ``Q K^T`` and ``A V``: ``2 * 2 * T * w`` FLOPs per token and
+        layer forward for full attention over query width ``w = n_heads * head_dim`` (``dim``
+        for Llama), halved for causal attention, times 3 for forward plus backward:
+        ``6 * T * w`` per layer. Grouped-query attention does not change it (every query head
+        still attends over T keys of width head_dim).
+
+    ``args.n_layers`` and the widths are used for the attention term, so a pipeline stage's
+    model still reports the whole model's FLOPs; its parameter count is its own.
+    """
+    params = list(model.parameters())  # deduplicates shared Parameters
+    nparams = sum(p.numel() for p in params)
+
+    embedding = getattr(model, "tok_embeddings", None)
+    output = getattr(model, "output", None)
+    emb_numel = embedding.weight.numel() if embedding is not None else 0
+    out_numel = output.weight.numel() if output is not None else 0
+    tied = embedding is not None and output is not None and output.weight is embedding.weight
+
+    matmul_params = nparams - emb_numel + (out_numel if tied else 0)
+    attention_width = args.n_heads * args.head_dim
+    flops_per_token = 6 * matmul_params + 6 * args.n_layers * attention_width * seq_len
+    return nparams, int(flops_per_token)

@@ -1,0 +1,137 @@
+"""A family's weights in the names and layout of Hugging Face ``transformers``, and back.
+
+A family subclasses :class:`HFStateDictAdapter` with its name tables (per block and outside the
+blocks), any per-tensor layout change, ``hf_config`` (the ``config.json`` of these
+hyper-parameters) and ``args_from_hf_config``. The generic part here does the renaming, the tied
+output, the pipeline-stage filtering and one error listing every missing, unexpected or
+misshapen tensor. The checkpoint manager and the scripts reach it only through the train spec.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import torch
+
+from torchtitan.errors import HFFormatError
+
+_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
+_HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+class HFStateDictAdapter:
+    """Conversions for one set of model hyper-parameters (``args``)."""
+
+    #: ``config.json``'s ``model_type`` this adapter reads and writes (e.g. "llama")
+    model_type: ClassVar[str]
+    #: parameter name inside a block -> the name inside ``model.layers.N.``
+    layer_names: ClassVar[dict[str, str]]
+    #: parameters outside the blocks
+    top_names: ClassVar[dict[str, str]] = {
+        "tok_embeddings.weight": "model.embed_tokens.weight",
+        "norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+    }
+    #: Hugging Face tensors that are not weights (old exports carry the rotary table)
+    ignored: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+
+    # ---- what a family provides
+
+    def tensor_to_hf(self, name: str, w: torch.Tensor) -> torch.Tensor:
+        """A (full) tensor of ours in the Hugging Face layout; default: unchanged."""
+        return w
+
+    def tensor_from_hf(self, name: str, w: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`tensor_to_hf` (``name`` is ours)."""
+        return w
+
+    def hf_config(self, *, dtype: torch.dtype, bos_id: int | None, eos_id: int | None) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def args_from_hf_config(cls, config: dict) -> Any:
+        raise NotImplementedError
+
+    # ---- names
+
+    def hf_name(self, name: str) -> str:
+        if name in self.top_names:
+            return self.top_names[name]
+        m = _LAYER_KEY.match(name)
+        if not m or m.group(2) not in self.layer_names:
+            raise HFFormatError(
+                f"parameter '{name}' has no Hugging Face {self.model_type} counterpart"
+            )
+        return f"model.layers.{m.group(1)}.{self.layer_names[m.group(2)]}"
+
+    def our_name(self, hf: str) -> str | None:
+        top = {v: k for k, v in self.top_names.items()}
+        if hf in top:
+            return top[hf]
+        m = _HF_LAYER_KEY.match(hf)
+        if m:
+            inverse = {v: k for k, v in self.layer_names.items()}
+            if m.group(2) in inverse:
+                return f"layers.{m.group(1)}.{inverse[m.group(2)]}"
+        return None
+
+    def _in_model(self, name: str) -> bool:
+        """A parameter of the whole model (perhaps held by another pipeline stage)."""
+        m = _LAYER_KEY.match(name)
+        return name in self.top_names if m is None else int(m.group(1)) < self.args.n_layers
+
+    # ---- state dicts
+
+    def to_hf(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Our (full, unsharded) state dict in ``transformers``' names and layout."""
+        out = {}
+        for name, w in state.items():
+            if name == "output.weight" and self.args.tie_word_embeddings:
+                continue  # transformers ties lm_head to embed_tokens itself
+            out[self.hf_name(name)] = self.tensor_to_hf(name, w).contiguous()
+        return out
+
+    def from_hf(
+        self, hf_state: dict[str, torch.Tensor], expected: dict[str, torch.Size]
+    ) -> dict[str, torch.Tensor]:
+        """``transformers`` weights as our state dict. ``expected``: the names and shapes of the
+        parameters wanted (a pipeline stage's: the other stages' are dropped); any name or shape
+        that does not match is listed in one HFFormatError."""
+        state: dict[str, torch.Tensor] = {}
+        unexpected = []
+        for hf, w in hf_state.items():
+            name = self.our_name(hf)
+            if name is None:
+                if not any(part in hf for part in self.ignored):
+                    unexpected.append(hf)
+                continue
+            fits = name in expected and tuple(w.shape) == tuple(expected[name])
+            state[name] = self.tensor_from_hf(name, w) if fits else w
+        tied = self.args.tie_word_embeddings
+        if tied and "output.weight" in expected and "output.weight" not in state:
+            if "tok_embeddings.weight" in state:
+                state["output.weight"] = state["tok_embeddings.weight"]
+        missing = [self.hf_name(n) for n in expected if n not in state]
+        for name in [n for n in state if n not in expected]:
+            if not self._in_model(name):
+                unexpected.append(self.hf_name(name))
+            del state[name]  # another pipeline stage's parameter (or an unexpected one)
+        shapes = [
+            f"{self.hf_name(n)} {tuple(state[n].shape)} vs {tuple(s)}"
+            for n, s in expected.items()
+            if n in state and tuple(state[n].shape) != tuple(s)
+        ]
+        problems = []
+        for what, items in (("missing", missing), ("unexpected", unexpected), ("shape", shapes)):
+            if items:
+                more = f" and {len(items) - 4} more" if len(items) > 4 else ""
+                problems.append(f"{len(items)} {what}: {', '.join(items[:4])}{more}")
+        if problems:
+            raise HFFormatError(
+                "Hugging Face weights do not match this model (" + "; ".join(problems) + ")"
+            )
+        return state
