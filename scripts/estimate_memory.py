@@ -151,7 +151,7 @@ def _meta_model(plan, model_args):
 
 
 def _param_dtype(job_config, device_type):
-    from torchtitan.parallelisms.parallelize_llama import param_dtype
+    from torchtitan.distributed.data_parallel import param_dtype
 
     return param_dtype(job_config, device_type)
 
@@ -166,16 +166,15 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from torchtitan import builders
+
     dims, spec, t = plan.dims, plan.spec, job_config.training
-    mesh = dims.build_mesh("cpu") if dims.world_size > 1 else None
-    # as train.py: built on the meta device, cut into stages, parallelized; then materialized as
-    # fake tensors (shapes, no storage)
-    model = _meta_model(plan, model_args)
-    parts = (
-        {0: model} if plan.pipeline is None else spec.pipelining_fn(model, plan.pipeline, pp_rank)
-    )
-    for stage, part in parts.items():
-        parts[stage] = spec.parallelize_fn(part, mesh, dims, job_config, device_type)
+    dims.build_mesh("cpu")
+    # as train.py builds it (meta device, stages, the family's parallelisms), left on the meta
+    # device, then materialized as fake tensors (shapes, no storage)
+    rank = pp_rank * (dims.world_size // dims.pp)
+    rt = builders.Runtime(torch.device("cpu"), rank, dims.world_size, plan, seed=0)
+    parts = builders.build_model(job_config, rt, model_args.vocab_size, materialize=False).stages
     with FakeTensorMode(allow_non_fake_inputs=True):
         for part in parts.values():
             part.to_empty(device="cpu")
@@ -210,7 +209,7 @@ def _trace_stage(part, optimizer, stage, plan, model_args, shape, dtype, job_con
     optimizer steps; twice, as the first step creates the optimizer state. The tracker keeps the
     peak over both."""
 
-    from torchtitan.parallelisms.parallelize_llama import loss_context
+    from torchtitan.distributed.loss_parallel import loss_context
 
     inflight, batch, seq = shape
     first = plan.pipeline is None or stage == 0

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from torchtitan.parallelisms.context_parallel import (
+from torchtitan.distributed.context_parallel import (
     all_gather_attention,
     shard_sequence,
     unshard_sequence,

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 
 from torchtitan.config_manager import JobConfig
+from torchtitan.distributed import pipeline
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.models.llama import cross_entropy_loss
 from torchtitan.models.llama.model import ModelArgs, Transformer
-from torchtitan.parallelisms import pipeline_llama
-from torchtitan.parallelisms.init import layout_invariant_init
-from torchtitan.parallelisms.parallel_dims import ParallelDims
 
 ARGS = ModelArgs(dim=32, n_layers=6, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
 LOCAL_BATCH, SEQ, ACCUM, SEED = 4, 8, 2, 7
@@ -58,11 +58,11 @@ def pipelined(schedule: str, pp: int, rank: int) -> tuple[float, dict[str, torch
     job.parallelism.pipeline_parallel_schedule = schedule
     job.training.local_batch_size = LOCAL_BATCH
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=pp, world_size=pp)
-    plan = pipeline_llama.check_pipeline_config(job, ARGS, dims)
+    plan = pipeline.check_pipeline_config(job, ARGS, dims)
     with torch.device("meta"):
         full = Transformer(ARGS)
-    parts = {s: materialized(m) for s, m in pipeline_llama.split_model(full, plan, rank).items()}
-    pipe = pipeline_llama.Pipeline(
+    parts = {s: materialized(m) for s, m in pipeline.split_model(full, plan, rank).items()}
+    pipe = pipeline.Pipeline(
         plan, parts, torch.device("cpu"), dist.group.WORLD, cross_entropy_loss, ACCUM
     )
     total = sum(pipe.forward_backward(inputs, labels).item() for inputs, labels in batches())
@@ -75,7 +75,7 @@ def main() -> None:
     rank, pp = dist.get_rank(), dist.get_world_size()
     torch.use_deterministic_algorithms(True)
     ref_loss, ref_grads = reference()
-    for schedule in sys.argv[1:] or pipeline_llama.SCHEDULES:
+    for schedule in sys.argv[1:] or pipeline.SCHEDULES:
         loss, grads = pipelined(schedule, pp, rank)
         err = torch.tensor(max((g - ref_grads[n]).abs().max().item() for n, g in grads.items()))
         dist.all_reduce(err, op=dist.ReduceOp.MAX)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from torchtitan.config_manager import parse_args
+from torchtitan.distributed.context_parallel import chunk_ids, shard_sequence, unshard_sequence
 from torchtitan.errors import ConfigError
-from torchtitan.parallelisms.context_parallel import chunk_ids, shard_sequence, unshard_sequence
 from torchtitan.preflight import check
 
 ROOT = Path(__file__).resolve().parents[1]

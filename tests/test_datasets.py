@@ -18,8 +18,8 @@ import pytest
 import torch
 from datasets.distributed import split_dataset_by_node
 
-from torchtitan.datasets import hf_datasets
-from torchtitan.datasets.hf_datasets import DATASETS, build_hf_dataloader
+from torchtitan.datasets import build_hf_dataloader, sources
+from torchtitan.datasets.sources import DATASETS
 from torchtitan.errors import ConfigError, DataError
 
 TOKENIZER_ASSET = Path(__file__).parent / "assets" / "tokenizer" / "tiktoken.model"
@@ -133,9 +133,7 @@ def assert_covers(batches, texts: list[str], need: int) -> None:
 
 def shard_texts(path, num_shards: int, **kw) -> list[list[str]]:
     """The documents of each virtual shard, in order (the ``split_dataset_by_node`` contract)."""
-    src = hf_datasets.load_source(
-        dataset="local", dataset_path=str(path), num_shards=num_shards, **kw
-    )
+    src = sources.load_source(dataset="local", dataset_path=str(path), num_shards=num_shards, **kw)
     shards = [
         split_dataset_by_node(src.dataset, rank=v, world_size=num_shards)
         if num_shards > 1
@@ -318,7 +316,7 @@ def test_registry_hub_entries_call_load_dataset(tmp_path, monkeypatch):
             "json", data_files={split: [str(local)]}, split=split, streaming=streaming
         )
 
-    monkeypatch.setattr(hf_datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(sources, "load_dataset", fake_load_dataset)
     for name in ("c4", "c4_validation", "fineweb_edu"):
         loader = build_hf_dataloader(
             dataset=name, dataset_path=None, tokenizer=TOK, local_batch_size=1, seq_len=4

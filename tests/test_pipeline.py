@@ -14,17 +14,17 @@ import pytest
 import torch
 
 from torchtitan.config_manager import parse_args
-from torchtitan.errors import ConfigError
-from torchtitan.models.llama.model import ModelArgs, Transformer
-from torchtitan.parallelisms import pipeline_llama
-from torchtitan.parallelisms.init import layout_invariant_init
-from torchtitan.parallelisms.parallel_dims import ParallelDims
-from torchtitan.parallelisms.pipeline_llama import (
+from torchtitan.distributed import pipeline
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.param_init import layout_invariant_init
+from torchtitan.distributed.pipeline import (
     PipelinePlan,
     check_pipeline_config,
     split_layers,
     split_model,
 )
+from torchtitan.errors import ConfigError
+from torchtitan.models.llama.model import ModelArgs, Transformer
 from torchtitan.preflight import check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -343,7 +343,7 @@ def test_every_schedule_gives_the_unsplit_gradients(tmp_path):
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = re.findall(r"RESULT (\S+) (\S+) (\S+) (\S+)", out.stdout)
-    assert [r[0] for r in results] == list(pipeline_llama.SCHEDULES), out.stdout
+    assert [r[0] for r in results] == list(pipeline.SCHEDULES), out.stdout
     for schedule, loss, ref_loss, grad_err in results:
         assert float(loss) == pytest.approx(float(ref_loss), abs=1e-6), schedule
         assert float(grad_err) < 1e-6, (schedule, grad_err)

@@ -879,17 +879,40 @@ def _check_checkpoint(cfg: JobConfig) -> None:
     problems.raise_if_any()
 
 
+def save_config(cfg: JobConfig) -> str:
+    """``job.save_config_file`` under the dump folder: the resolved config as TOML; its path."""
+    path = os.path.join(cfg.job.dump_folder, cfg.job.save_config_file)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(cfg.to_toml())
+    return path
+
+
+def global_batch(local_batch_size: int, global_batch_size: int, dp: int = 1) -> tuple[int, int]:
+    """``(global batch, gradient accumulation steps)`` of ``local_batch_size`` sequences per
+    rank on ``dp`` data-parallel ranks; ``global_batch_size`` -1 means one local batch per rank.
+    The one place the batch arithmetic is checked (config, job plan and data loader call it)."""
+    per_step = local_batch_size * dp
+    total = per_step if global_batch_size == -1 else global_batch_size
+    if total < 1:
+        raise ConfigError(
+            f"training.global_batch_size: {global_batch_size} must be -1 (derived) or >= 1"
+        )
+    if total % per_step:
+        times = (
+            "" if dp == 1 else f" x data-parallel degree = {local_batch_size} x {dp} = {per_step}"
+        )
+        raise ConfigError(
+            f"training.global_batch_size: {total} must be a multiple of "
+            f"training.local_batch_size{times or f' ({local_batch_size})'}"
+        )
+    return total, total // per_step
+
+
 def _check_batch(cfg: JobConfig) -> None:
     t = cfg.training
-    if t.global_batch_size != -1 and t.global_batch_size < 1:
-        raise ConfigError(
-            f"training.global_batch_size: {t.global_batch_size} must be -1 (derived) or >= 1"
-        )
-    if t.global_batch_size != -1 and t.global_batch_size % t.local_batch_size:
-        raise ConfigError(
-            f"training.global_batch_size: {t.global_batch_size} must be a multiple of "
-            f"training.local_batch_size ({t.local_batch_size})"
-        )
+    if t.local_batch_size >= 1:  # else reported by the bounds check
+        global_batch(t.local_batch_size, t.global_batch_size)
 
 
 def _check_debug(cfg: JobConfig) -> None:

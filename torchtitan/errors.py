@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 
 class TorchTitanError(Exception):
     """Base class: the message must name the offending key, file or value and what would be valid."""
@@ -85,3 +88,23 @@ class _Collect:
 def error_lines(e: TorchTitanError) -> list[str]:
     """The ``error: ...`` lines to print for ``e`` (one per problem)."""
     return [f"error: {line}" for line in str(e).splitlines() or [""]]
+
+
+def report_user_error(e: TorchTitanError) -> None:
+    """One line, no traceback: to the launcher's error file when there is one, else to stderr."""
+    rank = int(os.environ.get("RANK", "0"))
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    where = f"rank {rank}: " if several and e.exit_code != 2 else ""
+    error_file = os.environ.get("TORCHTITAN_ERROR_FILE")
+    if error_file:
+        with open(error_file, "a") as f:
+            f.writelines(f"{e.exit_code}\t{where}{line}\n" for line in str(e).splitlines())
+    elif rank == 0 or e.exit_code != 2:
+        lines = (f"error: {where}{line}" for line in str(e).splitlines())
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def another_rank_reported() -> bool:
+    """Whether a peer already wrote a user error to the launcher's error file."""
+    error_file = os.environ.get("TORCHTITAN_ERROR_FILE")
+    return bool(error_file) and os.path.isfile(error_file) and os.path.getsize(error_file) > 0

@@ -3,7 +3,7 @@
 The converter swaps ``nn.Linear`` modules for torchao's ``Float8Linear`` on the meta-device model,
 before any parallelism is applied, so that FSDP2 can all-gather the float8 weights when
 ``float8.enable_fsdp_float8_all_gather`` is set, and tensor parallel can give those linears
-torchao's float8 styles (:func:`tp_styles`, used by ``parallelize_llama.apply_tp``). The matmuls
+torchao's float8 styles (:func:`tp_styles`, used by ``distributed.tensor_parallel.apply_tp``). The matmuls
 need float8 tensor cores: CUDA compute capability 8.9 or newer (Ada, Hopper, Blackwell). On CPU,
 torch builds whose ``torch._scaled_mm`` has a CPU kernel (2.13 does) run the same code very
 slowly, which is enough to check numerics at toy sizes without a GPU. Requirements are checked by preflight, before any process starts, so an
@@ -32,7 +32,7 @@ def check_converters(job_config: JobConfig, device_type: str) -> None:
     (this machine's, or the CUDA target a job is checked for from a machine without a GPU).
 
     Any ``tp`` degree works: tensor parallel takes torchao's float8 styles with the tensorwise
-    recipe and the plain ones with rowwise recipes (``parallelize_llama.apply_tp``).
+    recipe and the plain ones with rowwise recipes (``distributed.tensor_parallel.apply_tp``).
     """
     for name in job_config.model.converters:
         if name not in CONVERTERS:

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from torchtitan.log import logger
 from torchtitan.utils import device_memory, device_type, reset_peak_memory
@@ -214,3 +215,11 @@ def build_sinks(job_config: Any, rank: int) -> list[Any]:
 def tb_run_dir(folder: str) -> str:
     """``{folder}/<YYYYmmdd-HHMMSS>``: one subfolder per run."""
     return os.path.join(folder, datetime.now().strftime("%Y%m%d-%H%M%S"))
+
+
+def mean_over(value: Any, mesh: Any) -> float:
+    """The mean of a scalar tensor over the ranks of ``mesh`` (None: this rank's value)."""
+    if mesh is not None and mesh.size() > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.AVG, group=mesh.get_group())
+    return float(value)

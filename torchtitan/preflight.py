@@ -19,12 +19,18 @@ from typing import Any
 import torch
 
 from torchtitan import utils
-from torchtitan.config_manager import JobConfig, import_user_module, located, parse_args
-from torchtitan.datasets.hf_datasets import check_dataset_config
+from torchtitan.config_manager import (
+    JobConfig,
+    global_batch,
+    import_user_module,
+    located,
+    parse_args,
+)
+from torchtitan.datasets.sources import check_dataset_config
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.pipeline import PipelinePlan, check_pipeline_config
 from torchtitan.errors import ConfigError, ConfigErrors, Problems, TorchTitanError, error_lines
 from torchtitan.float8 import check_converters
-from torchtitan.parallelisms.parallel_dims import ParallelDims
-from torchtitan.parallelisms.pipeline_llama import PipelinePlan, check_pipeline_config
 from torchtitan.train_spec import TrainSpec, get_model_args, get_train_spec
 
 
@@ -101,14 +107,7 @@ def _global_batch(t: Any, dims: ParallelDims) -> tuple[int, int]:
     """(global batch, gradient accumulation steps)."""
     if t.local_batch_size < 1:
         return 0, 0  # reported by the config's own checks
-    per_step = t.local_batch_size * dims.dp
-    global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
-    if global_batch % per_step:
-        raise ConfigError(
-            f"training.global_batch_size: {global_batch} must be a multiple of training.local_batch_size "
-            f"x data-parallel degree = {t.local_batch_size} x {dims.dp} = {per_step}"
-        )
-    return global_batch, global_batch // per_step
+    return global_batch(t.local_batch_size, t.global_batch_size, dims.dp)
 
 
 def _check_dump_folder(folder: str) -> None:
@@ -170,10 +169,7 @@ def _check_validation(job_config: JobConfig, dims: ParallelDims) -> None:
     v, t = job_config.validation, job_config.training
     if not v.enable:
         return
-    try:
-        check_dataset_config(v.dataset, v.dataset_path)
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("training.", "validation.")) from e
+    check_dataset_config(v.dataset, v.dataset_path, section="validation")
     seq_len, batch = v.seq_len or t.seq_len, v.local_batch_size or t.local_batch_size
     if seq_len > t.seq_len:
         raise ConfigError(

@@ -5,16 +5,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from torchtitan.datasets.hf_datasets import build_hf_dataloader
+from torchtitan.datasets import build_hf_dataloader
 from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
 from torchtitan.datasets.tokenizer import build_tokenizer
+from torchtitan.distributed.pipeline import split_model
 from torchtitan.lr_scheduling import build_lr_scheduler
 from torchtitan.models.llama.flavors import llama2_configs, llama3_configs
 from torchtitan.models.llama.hf_adapter import LlamaStateDictAdapter
 from torchtitan.models.llama.model import ModelArgs, Transformer, get_nparams_and_flops
+from torchtitan.models.llama.parallelize import parallelize_llama
 from torchtitan.optimizer import build_optimizer
-from torchtitan.parallelisms.parallelize_llama import parallelize_llama
-from torchtitan.parallelisms.pipeline_llama import split_model
 from torchtitan.train_spec import TrainSpec, register_train_spec
 
 __all__ = ["ModelArgs", "Transformer", "cross_entropy_loss"]

@@ -1,4 +1,4 @@
-"""Pipeline parallelism for the Llama Transformer, with ``torch.distributed.pipelining``.
+"""Pipeline parallelism for a decoder (any family), with ``torch.distributed.pipelining``.
 
 The model is cut between transformer blocks into stages. Stage 0 also holds the token embedding,
 the last stage the final norm and the output projection. Single-stage schedules (GPipe, 1F1B)

@@ -18,33 +18,17 @@ import torch
 import torch.distributed as dist
 
 from torchtitan.config_manager import JobConfig
-from torchtitan.parallelisms.context_parallel import shard_sequence
-from torchtitan.parallelisms.parallelize_llama import loss_context
-from torchtitan.utils import full_tensor
+from torchtitan.step import StepRunner
 
 
 class Validator:
-    def __init__(
-        self,
-        job_config: JobConfig,
-        *,
-        dataloader: Any,
-        dims: Any,
-        model: torch.nn.Module,
-        pipeline: Any,
-        loss_fn: Any,
-        loss_mesh: Any,
-        cp_rank: int,
-        device: torch.device,
-    ) -> None:
+    """Runs batches through the training step runner, forward only."""
+
+    def __init__(self, job_config: JobConfig, *, dataloader: Any, runner: StepRunner) -> None:
         self.job_config, self.cfg = job_config, job_config.validation
-        self.dataloader, self.dims, self.model, self.pipeline = dataloader, dims, model, pipeline
-        self.loss_fn, self.loss_mesh, self.cp_rank, self.device = (
-            loss_fn,
-            loss_mesh,
-            cp_rank,
-            device,
-        )
+        self.dataloader, self.runner = dataloader, runner
+        self.model, self.device = runner.model, runner.device
+        self.loss_mesh = runner.dims.loss_mesh
 
     def due(self, step: int) -> bool:
         return step % self.cfg.freq == 0 or step == self.job_config.training.steps
@@ -56,10 +40,9 @@ class Validator:
         batches, total = 0, torch.zeros((), device=self.device)
         was_training = self.model.training
         self.model.eval()
-        with torch.no_grad():
-            for inputs, labels in self._batches():
-                total += self._loss(inputs.to(self.device), labels.to(self.device))
-                batches += 1
+        for inputs, labels in self._batches():
+            total += self.runner.forward_loss(inputs, labels)
+            batches += 1
         self.model.train(was_training)
         if batches == 0:
             raise ValueError("no validation batch")  # preflight's row check makes this unreachable
@@ -82,14 +65,3 @@ class Validator:
                 return
             n += 1
             yield batch
-
-    def _loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.dims.cp > 1:
-            inputs, labels = (
-                shard_sequence(x, self.dims.cp, self.cp_rank) for x in (inputs, labels)
-            )
-        with loss_context(self.dims, self.job_config):
-            if self.pipeline is not None:
-                return self.pipeline.forward_loss(inputs, labels)
-            loss = self.loss_fn(self.model(inputs), labels)
-        return full_tensor(loss).float()  # a vocab-parallel loss is a DTensor

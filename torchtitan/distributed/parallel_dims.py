@@ -1,9 +1,16 @@
-"""ParallelDims: the parallel degrees, checked against the world size, and the DeviceMesh they make."""
+"""ParallelDims: the parallel degrees, checked against the world size, and the DeviceMesh they make.
+
+After :meth:`ParallelDims.build_mesh` the object owns the mesh and answers what the rest of a run
+asks of it: this rank's data-parallel, context-parallel and pipeline coordinates, the sub-meshes
+FSDP, the loss average and the data loader use, and the pipeline's process group. With one
+process there is no mesh and every answer is the trivial one.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -26,6 +33,7 @@ class ParallelDims:
     tp: int
     pp: int
     world_size: int
+    mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "cp", "tp", "pp"):
@@ -83,8 +91,11 @@ class ParallelDims:
     def dp_replicate_enabled(self) -> bool:
         return self.dp_replicate > 1
 
-    def build_mesh(self, device_type: str) -> DeviceMesh:
-        """A named mesh over the enabled dims, plus the flattened ``dp`` dim used by the data loader."""
+    def build_mesh(self, device_type: str) -> DeviceMesh | None:
+        """A named mesh over the enabled dims, plus the flattened ``dp`` dim used by the data
+        loader; kept as ``self.mesh``. None (no mesh) with one process."""
+        if self.world_size == 1:
+            return None
         dims = [
             (n, d)
             for n, d in (
@@ -115,23 +126,57 @@ class ParallelDims:
             if len(group) > 1 and group not in self._flat_names:  # one name per group
                 mesh[group]._flatten(mesh_dim_name=name)
                 self._flat_names[group] = name
+        self.mesh = mesh
         return mesh
 
-    def _submesh(self, mesh: DeviceMesh | None, group: tuple[str, ...]) -> DeviceMesh | None:
+    def _submesh(self, group: tuple[str, ...]) -> DeviceMesh | None:
         """The (flattened) sub-mesh over the enabled dims of ``group``; None if there are none."""
         group = tuple(n for n in group if getattr(self, n) > 1)
-        if mesh is None or not group:
+        if self.mesh is None or not group:
             return None
-        return mesh[group[0] if len(group) == 1 else self._flat_names[group]]
+        return self.mesh[group[0] if len(group) == 1 else self._flat_names[group]]
 
-    def dp_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
+    def _local_rank(self, name: str) -> int:
+        return (
+            self.mesh[name].get_local_rank()
+            if self.mesh is not None and getattr(self, name) > 1
+            else 0
+        )
+
+    @property
+    def dp_mesh(self) -> DeviceMesh | None:
         """The data-parallel sub-mesh the data loader shards over, or None."""
-        return self._submesh(mesh, ("dp_replicate", "dp_shard"))
+        return self._submesh(("dp_replicate", "dp_shard"))
 
-    def loss_mesh(self, mesh: DeviceMesh | None) -> DeviceMesh | None:
+    @property
+    def dp_rank(self) -> int:
+        """Which of the ``dp`` different batches of a step this rank reads."""
+        mesh = self.dp_mesh
+        return mesh.get_local_rank() if mesh is not None else 0
+
+    @property
+    def cp_rank(self) -> int:
+        """Which chunks of every sequence this rank holds under context parallel."""
+        return self._local_rank("cp")
+
+    @property
+    def pp_rank(self) -> int:
+        return self._local_rank("pp")
+
+    @property
+    def pp_group(self) -> Any:
+        """The pipeline's process group (None without pipelining)."""
+        return self.mesh["pp"].get_group() if self.mesh is not None and self.pp > 1 else None
+
+    def sub(self, name: str) -> DeviceMesh:
+        """The named one-dimensional sub-mesh (``"tp"``, ``"cp"``, ``"pp"``, ``"dp_replicate"``)."""
+        return self.mesh[name]
+
+    @property
+    def loss_mesh(self) -> DeviceMesh | None:
         """The ranks that hold different tokens of a step (data and context parallel), whose
         losses average to the step's loss; None when this rank holds them all."""
-        return self._submesh(mesh, ("dp_replicate", "dp_shard", "cp"))
+        return self._submesh(("dp_replicate", "dp_shard", "cp"))
 
     @property
     def fsdp_enabled(self) -> bool:
@@ -139,12 +184,13 @@ class ParallelDims:
         of a replica hold different tokens, so their gradients are averaged like data parallel."""
         return self.dp_shard > 1 or self.cp > 1
 
-    def fsdp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
+    @property
+    def fsdp_mesh(self) -> DeviceMesh:
         """FSDP's mesh: the shard dim, with ``dp_replicate`` in front for HSDP."""
-        shard = self._submesh(mesh, ("dp_shard", "cp"))
+        shard = self._submesh(("dp_shard", "cp"))
         if not self.dp_replicate_enabled:
             return shard
-        return mesh[("dp_replicate", shard.mesh_dim_names[0])]
+        return self.mesh[("dp_replicate", shard.mesh_dim_names[0])]
 
     @cached_property
     def non_data_parallel_size(self) -> int:

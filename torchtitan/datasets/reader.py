@@ -1,0 +1,246 @@
+"""One virtual shard of a dataset, packed into fixed-length token windows; its position is
+checkpointable.
+
+Packing
+    Documents are tokenized with BOS and EOS and appended to the shard's token buffer, which is cut
+    into consecutive, non-overlapping windows of ``seq_len + 1`` tokens.
+
+Bad rows
+    A row without the text field, or whose value is not a string (a null counts as missing), stops
+    training with :class:`~torchtitan.errors.DataError` naming the dataset, the row's index within
+    this virtual shard, the field and the fields the row does have. Skipping such rows would hide a
+    wrong ``training.dataset_text_field`` (every row would be skipped and the loader would spin
+    forever) or a broken file; pretraining data is expected to be clean, and a clear stop is
+    cheaper than a silently different corpus.
+
+Epochs
+    In infinite mode a shard loops over its rows forever (the first shard of each rank logs a line
+    at the end of every pass; the order is the same in every pass, nothing is shuffled). A
+    non-infinite shard ends its pass when it has no whole window left, dropping the partial window.
+
+State
+    :meth:`ShardReader.state` is UTF-8 JSON with the shard's epoch, row position (and, for a
+    streamed dataset, ``IterableDataset.state_dict()``), windows served and leftover token buffer,
+    so that a fresh reader given this state yields exactly the windows the saved one would have
+    yielded next.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torchtitan.errors import ConfigError, DataError
+from torchtitan.log import logger
+
+if TYPE_CHECKING:  # ``datasets`` takes ~0.5 s to import: only where data is read (not preflight)
+    from datasets import Dataset, IterableDataset
+
+STATE_VERSION = 1
+_ROWS_PER_READ = 256  # rows fetched at once from a map-style dataset
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]: ...
+
+
+class ShardReader:
+    """One virtual shard: its rows, its packing buffer and its position; yields token windows.
+
+    Reading is lazy: a row is read (and counted in the position) only when its tokens are needed,
+    so the state between two windows is exact.
+
+    ``label`` names the dataset in messages; ``index`` is this shard's number among
+    ``virtual_shards``; ``first_on_rank`` marks the shard that logs epoch ends at INFO (the others
+    log at DEBUG) and warns about a checkpoint saved for another dataset. ``window`` is
+    ``seq_len + 1`` tokens; ``streaming`` says whether ``ds`` is an ``IterableDataset``.
+    """
+
+    def __init__(
+        self,
+        ds: Dataset | IterableDataset,
+        *,
+        index: int,
+        virtual_shards: int,
+        tokenizer: Tokenizer,
+        text_field: str,
+        label: str,
+        window: int,
+        infinite: bool,
+        streaming: bool,
+        first_on_rank: bool,
+    ) -> None:
+        self.index = index
+        self.virtual_shards = virtual_shards
+        self.tokenizer = tokenizer
+        self.text_field = text_field
+        self.label = label
+        self.window = window
+        self.infinite = infinite
+        self.streaming = streaming
+        self.first_on_rank = first_on_rank
+        self._ds = ds
+        if not streaming:
+            # Reading only the text column keeps wide datasets cheap; full rows only for errors.
+            self._texts = ds.select_columns([text_field]) if text_field in ds.column_names else None
+        # Position: epoch (0-based), rows consumed in this epoch, windows yielded so far, leftover
+        # tokens; for streamed data, a saved IterableDataset state waiting to be applied.
+        self.epoch = 0
+        self.row = 0
+        self.windows = 0
+        self.buffer: list[int] = []
+        self._pending_hf_state: dict | None = None
+        self._texts_iter: Iterator[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self._ds)
+
+    # ---- rows
+
+    def _bad_row(self, index: int, row: dict[str, Any]) -> DataError:
+        field = self.text_field
+        fields = sorted(k for k, v in row.items() if v is not None)
+        value = row.get(field)
+        if value is None:
+            problem = f"has no field '{field}' (missing or null)"
+        else:
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            problem = f"field '{field}' holds {type(value).__name__} {shown}, not a string"
+        return DataError(
+            f"dataset '{self.label}': row {index} of virtual shard {self.index} "
+            f"(of {self.virtual_shards}) {problem}; the row has fields {fields}; set "
+            f"training.dataset_text_field to the field that holds the text"
+        )
+
+    def _map_style_texts(self) -> Iterator[str]:
+        ds, n, field = self._ds, len(self._ds), self.text_field
+        i = self.row
+        while i < n:
+            if self._texts is None:
+                raise self._bad_row(i, ds[i])
+            texts = self._texts[i : i + _ROWS_PER_READ][field]
+            for j, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise self._bad_row(i + j, ds[i + j])
+                self.row = i + j + 1
+                yield text
+            i += len(texts)
+
+    def _streamed_texts(self) -> Iterator[str]:
+        ds = self._ds
+        # Each pass has its own epoch number, so a loaded start state applies to its pass only
+        # (datasets re-applies it to every pass with the same epoch).
+        ds.set_epoch(self.epoch)
+        if self._pending_hf_state is not None:
+            ds.load_state_dict(self._pending_hf_state)
+        self._pending_hf_state = None
+        field = self.text_field
+        for row in ds:
+            text = row.get(field)
+            if not isinstance(text, str):
+                raise self._bad_row(self.row, row)
+            self.row += 1
+            yield text
+
+    def _next_text(self) -> str | None:
+        """The next document of this pass, or None at the end of the pass."""
+        if self._texts_iter is None:
+            self._texts_iter = self._streamed_texts() if self.streaming else self._map_style_texts()
+        return next(self._texts_iter, None)
+
+    # ---- windows
+
+    def next_window(self) -> list[int] | None:
+        """The next ``window`` tokens; None when a non-infinite pass ends (the shard rewinds)."""
+        window, encode = self.window, self.tokenizer.encode
+        while len(self.buffer) < window:
+            text = self._next_text()
+            if text is not None:
+                self.buffer.extend(encode(text, bos=True, eos=True))
+                continue
+            if self.row == 0:
+                raise DataError(
+                    f"dataset '{self.label}': virtual shard {self.index} (of "
+                    f"{self.virtual_shards}) has no rows; use a larger dataset or a smaller "
+                    "training.global_batch_size (one virtual shard per sequence of the global batch)"
+                )
+            self._end_pass()
+            if not self.infinite:
+                return None
+        out = self.buffer[:window]
+        del self.buffer[:window]
+        self.windows += 1
+        return out
+
+    def _end_pass(self) -> None:
+        self.epoch += 1
+        self.row = 0
+        self._texts_iter = None
+        if not self.infinite:
+            self.buffer = []
+            return
+        log = logger.info if self.first_on_rank else logger.debug
+        log(
+            f"dataset {self.label}: virtual shard {self.index} finished epoch "
+            f"{self.epoch}, starting epoch {self.epoch + 1}"
+        )
+
+    def rewind(self) -> None:
+        """Start a fresh pass from the beginning of the shard (a non-infinite loader's next iter)."""
+        self._texts_iter = None
+        self._pending_hf_state = None
+        self.row = 0
+        self.buffer = []
+
+    # ---- state
+
+    def state(self) -> bytes:
+        hf_state = None
+        if self.streaming and self.row > 0:
+            hf_state = self._pending_hf_state or self._ds.state_dict()
+        state = {
+            "version": STATE_VERSION,
+            "dataset": self.label,
+            "streaming": self.streaming,
+            "epoch": self.epoch,
+            "row": self.row,
+            "windows": self.windows,
+            "buffer": self.buffer,
+            "hf_state": hf_state,
+        }
+        return json.dumps(state, separators=(",", ":")).encode()
+
+    def load(self, blob: bytes) -> None:
+        state = json.loads(blob)
+        label = self.label
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(
+                f"data loader checkpoint: state version {state.get('version')}, "
+                f"this code reads version {STATE_VERSION}"
+            )
+        if state["streaming"] != self.streaming:
+            mode = {True: "streamed", False: "map-style"}
+            raise ConfigError(
+                f"data loader checkpoint: saved from a {mode[state['streaming']]} dataset, but "
+                f"training.dataset_streaming makes this one {mode[self.streaming]}; use the same "
+                "setting to resume"
+            )
+        if state["dataset"] != label and self.first_on_rank:
+            logger.warning(
+                f"data loader checkpoint was saved for dataset '{state['dataset']}', "
+                f"now reading '{label}'; resuming at the saved position anyway"
+            )
+        if not self.streaming and state["row"] > len(self._ds):
+            raise ConfigError(
+                f"data loader checkpoint: saved at row {state['row']} of virtual shard "
+                f"{self.index}, but dataset '{label}' has {len(self._ds)} rows there; did the "
+                "data change?"
+            )
+        self.epoch = state["epoch"]
+        self.row = state["row"]
+        self.windows = state["windows"]
+        self.buffer = list(state["buffer"])
+        self._texts_iter = None
+        self._pending_hf_state = state["hf_state"] if self.streaming and self.row > 0 else None

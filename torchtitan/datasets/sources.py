@@ -1,0 +1,318 @@
+"""Data sources: a dataset name or path resolved to an unsharded Hugging Face ``datasets`` dataset.
+
+Every source goes through ``datasets``: named datasets from :data:`DATASETS` (C4 and FineWeb-Edu
+streamed from the Hub, the offline ``python_docs`` corpus read from a local JSON-lines file with
+the ``json`` builder), or ``<section>.dataset_path``: a local file (``.json``, ``.jsonl``,
+``.json.gz``, ``.jsonl.gz``, ``.parquet``, ``.txt``), a ``Dataset.save_to_disk`` folder, a folder
+of data files of one kind, or a Hub id ``owner/name``. Local files that are not streamed are
+converted once to Arrow in the ``datasets`` cache (``HF_DATASETS_CACHE``), then memory-mapped.
+
+A ``.txt`` file is one document (``sample_by="document"``): BOS/EOS tokens mark document
+boundaries, and cutting a book or an article at blank lines or line breaks would teach the model
+boundaries that are not there. Corpora whose documents are paragraphs or lines should be
+converted to JSON lines (one ``{"text": ...}`` row per document) first; so should very large
+text files, since each file is held in memory as a single row.
+
+``section`` arguments name the config section the settings came from (``training`` or
+``validation``), so that error messages name the key the user set.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchtitan.datasets import pydoc_corpus
+from torchtitan.errors import ConfigError
+
+if TYPE_CHECKING:  # ``datasets`` takes ~0.5 s to import: only where data is read (not preflight)
+    from datasets import Dataset, IterableDataset
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How to load one named dataset.
+
+    Exactly one of ``hub_path`` (a Hub dataset id, with ``config_name``) and ``local_builder`` (a
+    function returning a local file or folder, loaded like ``training.dataset_path``) is set.
+    ``split`` fixes the split; ``None`` reads the split asked for by the caller.
+    """
+
+    text_field: str = "text"
+    streaming: bool = False
+    hub_path: str | None = None
+    config_name: str | None = None
+    split: str | None = None
+    local_builder: Callable[[], str | Path] | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.hub_path is None) == (self.local_builder is None):
+            raise ValueError("DatasetSpec needs exactly one of hub_path and local_builder")
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "c4": DatasetSpec(
+        hub_path="allenai/c4",
+        config_name="en",
+        split="train",
+        streaming=True,
+        description="C4 English, train split, streamed from the Hub",
+    ),
+    "c4_validation": DatasetSpec(
+        hub_path="allenai/c4",
+        config_name="en",
+        split="validation",
+        streaming=True,
+        description="C4 English, validation split, streamed from the Hub",
+    ),
+    "fineweb_edu": DatasetSpec(
+        hub_path="HuggingFaceFW/fineweb-edu",
+        config_name="sample-10BT",
+        streaming=True,
+        description="FineWeb-Edu 10B-token sample, streamed from the Hub",
+    ),
+    "python_docs": DatasetSpec(
+        local_builder=lambda: pydoc_corpus.corpus_path(),
+        streaming=False,
+        description="offline debug corpus built from the Python standard library documentation",
+    ),
+}
+
+# Dataset names upstream torchtitan configs use that this library does not define: what each is.
+UPSTREAM_DATASETS = {
+    "c4_test": "upstream's in-repo 2,000-row sample of C4 (tests/assets/c4_test), not shipped here",
+    "c4_mini": "upstream's in-repo C4 sample (tests/assets/c4_mini), not shipped here",
+    "alpaca": "the Alpaca instruction-tuning set, a fine-tuning dataset, not a pretraining corpus",
+    "openwebtext": "an open re-creation of WebText, not built in here",
+}
+
+# Local data file kinds: file-name ending -> ``datasets`` builder. Longest endings first.
+_FILE_KINDS: dict[str, str] = {
+    ".jsonl.gz": "json",
+    ".json.gz": "json",
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".txt": "text",
+}
+_SUPPORTED = (
+    "a .json/.jsonl/.json.gz/.jsonl.gz, .parquet or .txt file, a folder of such files (one kind), "
+    "a Dataset.save_to_disk folder, or a Hugging Face Hub id 'owner/name'"
+)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
+
+
+@dataclass
+class Source:
+    """A resolved source: the unsharded dataset, its name in messages and its text column."""
+
+    dataset: Dataset | IterableDataset
+    label: str
+    text_field: str
+
+
+def _file_kind(path: Path) -> str | None:
+    name = path.name.lower()
+    for ending, builder in _FILE_KINDS.items():
+        if name.endswith(ending):
+            return builder
+    return None
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    """``owner/name`` that is not an existing path and does not look like a local file."""
+    return (
+        _HUB_ID.fullmatch(path) is not None
+        and not path.startswith(".")
+        and _file_kind(Path(path)) is None
+    )
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    return (folder / "dataset_dict.json").is_file() or (
+        (folder / "dataset_info.json").is_file() and (folder / "state.json").is_file()
+    )
+
+
+def _data_files(folder: Path, *, section: str) -> tuple[str, list[str]]:
+    """The builder and sorted files of a folder of data files of one kind (hidden paths skipped)."""
+    by_kind: dict[str, list[str]] = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).parts
+        if any(part.startswith(".") for part in rel) or not p.is_file():
+            continue
+        kind = _file_kind(p)
+        if kind is not None:
+            by_kind.setdefault(kind, []).append(str(p))
+    if not by_kind:
+        raise ConfigError(
+            f"{section}.dataset_path: folder '{folder}' holds no supported data files; "
+            f"supported: {_SUPPORTED}"
+        )
+    if len(by_kind) > 1:
+        found = ", ".join(f"{len(v)} {k}" for k, v in sorted(by_kind.items()))
+        raise ConfigError(
+            f"{section}.dataset_path: folder '{folder}' mixes data file kinds ({found}); "
+            f"point it at a folder of one kind; supported: {_SUPPORTED}"
+        )
+    ((kind, files),) = by_kind.items()
+    return kind, files
+
+
+def _load_local(
+    path: Path, *, split: str, streaming: bool, num_shards: int, section: str
+) -> Dataset | IterableDataset:
+    """Load a local file or folder through ``datasets``."""
+    if path.is_dir() and _is_saved_dataset(path):
+        from datasets import DatasetDict, load_from_disk
+
+        ds = load_from_disk(str(path))
+        if isinstance(ds, DatasetDict):
+            if split not in ds:
+                raise ConfigError(
+                    f"{section}.dataset_path: saved dataset '{path}' has no split '{split}'; "
+                    f"valid splits: {', '.join(ds)}"
+                )
+            ds = ds[split]
+        if streaming:
+            # One shard per virtual shard lets split_dataset_by_node hand out whole shards.
+            ds = ds.to_iterable_dataset(num_shards=max(1, min(num_shards, len(ds))))
+        return ds
+    if path.is_dir():
+        kind, files = _data_files(path, section=section)
+    else:
+        kind = _file_kind(path)
+        if kind is None:
+            raise ConfigError(
+                f"{section}.dataset_path: '{path}' is not a supported data file; "
+                f"supported: {_SUPPORTED}"
+            )
+        files = [str(path)]
+    extra = {"sample_by": "document"} if kind == "text" else {}
+    return load_dataset(kind, data_files={split: files}, split=split, streaming=streaming, **extra)
+
+
+def load_dataset(*args: Any, **kwargs: Any) -> Dataset | IterableDataset:
+    """``datasets.load_dataset``, imported on first use."""
+    from datasets import load_dataset as load
+
+    return load(*args, **kwargs)
+
+
+def _load_hub(
+    hub_id: str, *, name: str | None, split: str, streaming: bool, key: str, section: str
+) -> Dataset | IterableDataset:
+    """Load a Hub dataset; a dataset that cannot be found or reached is a ConfigError naming
+    ``{section}.{key}``."""
+    from datasets.exceptions import DatasetNotFoundError
+
+    try:
+        return load_dataset(hub_id, name=name, split=split, streaming=streaming)
+    except (DatasetNotFoundError, ConnectionError, FileNotFoundError) as e:
+        raise ConfigError(
+            f"{section}.{key}: cannot load Hugging Face Hub dataset '{hub_id}' (config {name}, "
+            f"split {split}): {type(e).__name__}: {e}. Without Hub access use {section}.dataset "
+            f"= 'python_docs' or a local {section}.dataset_path ({_SUPPORTED})"
+        ) from e
+
+
+def check_dataset_config(dataset: str, dataset_path: str | None, section: str = "training") -> None:
+    """The source checks that need no loading (run before any process starts)."""
+    if dataset_path is None and dataset in UPSTREAM_DATASETS:
+        raise ConfigError(
+            f"{section}.dataset: '{dataset}' is {UPSTREAM_DATASETS[dataset]}; use python_docs for "
+            f"an offline debug run, c4 for C4, or point {section}.dataset_path at a local copy "
+            "(json, jsonl, parquet, txt) or a Hub id"
+        )
+    if dataset_path is None and dataset not in DATASETS:
+        raise ConfigError(
+            f"{section}.dataset: unknown dataset '{dataset}'; valid: "
+            f"{', '.join(sorted(DATASETS))} (or set {section}.dataset_path to {_SUPPORTED})"
+        )
+    if dataset_path is not None:
+        if not Path(dataset_path).expanduser().exists() and not _looks_like_hub_id(dataset_path):
+            raise ConfigError(
+                f"{section}.dataset_path: '{dataset_path}' does not exist; expected {_SUPPORTED}"
+            )
+
+
+def _load_named(
+    dataset: str, *, split: str, streaming: bool | None, num_shards: int, section: str
+) -> Dataset | IterableDataset:
+    """A dataset of :data:`DATASETS` (``{section}.dataset``)."""
+    spec = DATASETS[dataset]
+    if spec.split is not None and split not in ("train", spec.split):
+        raise ConfigError(
+            f"{section}.dataset: '{dataset}' always reads split '{spec.split}', "
+            f"but split '{split}' was asked for"
+        )
+    use_split = spec.split or split
+    use_streaming = spec.streaming if streaming is None else streaming
+    if spec.hub_path is not None:
+        return _load_hub(
+            spec.hub_path,
+            name=spec.config_name,
+            split=use_split,
+            streaming=use_streaming,
+            key="dataset",
+            section=section,
+        )
+    assert spec.local_builder is not None
+    return _load_local(
+        Path(spec.local_builder()),
+        split=use_split,
+        streaming=use_streaming,
+        num_shards=num_shards,
+        section=section,
+    )
+
+
+def _load_path(
+    dataset_path: str, *, split: str, streaming: bool | None, num_shards: int, section: str
+) -> Dataset | IterableDataset:
+    """A local file or folder, or a Hub id (``{section}.dataset_path``)."""
+    local = Path(dataset_path).expanduser()
+    if local.exists():
+        return _load_local(
+            local, split=split, streaming=bool(streaming), num_shards=num_shards, section=section
+        )
+    # Hub datasets for pretraining are large: stream them unless told otherwise.
+    return _load_hub(
+        dataset_path,
+        name=None,
+        split=split,
+        streaming=True if streaming is None else streaming,
+        key="dataset_path",
+        section=section,
+    )
+
+
+def load_source(
+    *,
+    dataset: str,
+    dataset_path: str | None,
+    split: str = "train",
+    text_field: str | None = None,
+    streaming: bool | None = None,
+    num_shards: int = 1,
+    section: str = "training",
+) -> Source:
+    """Resolve ``{section}.dataset`` / ``{section}.dataset_path`` to an (unsharded) dataset."""
+    check_dataset_config(dataset, dataset_path, section)
+    if dataset_path is None:
+        ds = _load_named(
+            dataset, split=split, streaming=streaming, num_shards=num_shards, section=section
+        )
+        label = dataset
+    else:
+        ds = _load_path(
+            dataset_path, split=split, streaming=streaming, num_shards=num_shards, section=section
+        )
+        label = dataset_path
+    spec = DATASETS.get(dataset)
+    field = text_field or (spec.text_field if spec is not None else "text")
+    return Source(dataset=ds, label=label, text_field=field)

@@ -1,0 +1,47 @@
+"""Activation checkpointing of a decoder's blocks: all, every N-th, or per op (selective)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn as nn
+
+from torchtitan.errors import ConfigError
+
+# Ops whose outputs the per-op selective policy keeps: matmuls and attention, the expensive ones.
+_SAVE_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def _op_policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_ac(model: nn.Module, mode: str, option: str) -> None:
+    """Wrap transformer blocks: all (full), every N-th (selective "N"), or per-op (selective "op")."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    every = 1
+    kwargs = {}
+    if mode == "selective" and option == "op":
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _op_policy)
+    elif mode == "selective":
+        if not option.isdigit() or int(option) < 1:
+            raise ConfigError(
+                f"activation_checkpoint.selective_ac_option: '{option}' must be 'op' or a positive layer interval like '2'"
+            )
+        every = int(option)
+    for i, (name, block) in enumerate(list(model.layers.items())):
+        if i % every == 0:
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False, **kwargs)

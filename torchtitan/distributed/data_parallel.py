@@ -1,0 +1,48 @@
+"""Data parallelism: FSDP2 ``fully_shard`` per block and at the root (HSDP over a 2-D mesh), or
+composable DDP; and the parameter dtype of mixed precision."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from torchtitan.config_manager import JobConfig
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def param_dtype(job_config: JobConfig, device_type: str) -> torch.dtype:
+    """Compute dtype for parameters: mixed precision on GPU, float32 on CPU."""
+    if device_type == "cpu":
+        return torch.float32
+    return DTYPES[job_config.training.mixed_precision_param]
+
+
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    reshard_after_forward: str,
+) -> None:
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        if reshard_after_forward == "default":
+            # The last block's parameters are needed again right away by backward: keep them.
+            reshard = i < len(blocks) - 1
+        else:
+            reshard = reshard_after_forward == "always"
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(
+        model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward == "always"
+    )
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
+    from torch.distributed._composable.replicate import replicate
+
+    replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)

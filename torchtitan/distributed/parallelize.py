@@ -1,0 +1,88 @@
+"""Apply parallelisms to a decoder (or a pipeline stage of one) without touching its math.
+
+Order, each step optional: tensor parallel (the family's block plan, sequence parallel on the
+norms, torchao's float8 styles for float8 linears and, unless
+``parallelism.disable_loss_parallel``, a vocab-parallel loss) -> context parallel (attention over
+the sequence split across ranks) -> activation checkpointing -> ``torch.compile`` per block ->
+FSDP2 ``fully_shard`` per block and at the root (over ``dp_shard x cp``; HSDP over a 2-D mesh when
+``dp_replicate`` is also > 1), or composable DDP when only ``dp_replicate > 1``. Model code is
+never edited: only modules are wrapped or sharded.
+
+A family's train spec uses ``functools.partial(parallelize_decoder, block_plan=its_block_plan)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch.nn as nn
+
+from torchtitan import float8
+from torchtitan.config_manager import JobConfig
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.distributed.context_parallel import apply_cp
+from torchtitan.distributed.data_parallel import DTYPES, apply_ddp, apply_fsdp, param_dtype
+from torchtitan.distributed.loss_parallel import uses_loss_parallel
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.tensor_parallel import apply_tp
+from torchtitan.log import logger
+
+
+def parallelize_decoder(
+    model: nn.Module,
+    dims: ParallelDims,
+    job_config: JobConfig,
+    device_type: str,
+    *,
+    block_plan: Callable[[Any], dict[str, Any]],
+) -> nn.Module:
+    """``block_plan(styles)``: the family's tensor-parallel styles of one block (see
+    :func:`~torchtitan.distributed.tensor_parallel.apply_tp`)."""
+    if dims.tp > 1:
+        apply_tp(
+            model,
+            dims.sub("tp"),
+            block_plan,
+            loss_parallel=uses_loss_parallel(dims, job_config),
+            async_tp=job_config.parallelism.enable_async_tensor_parallel,
+            compiled_blocks=job_config.compile.compiles("model"),
+            float8_tensorwise=float8.tensorwise_tp(job_config),
+        )
+        logger.info(
+            f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config)}"
+        )
+    if dims.cp > 1:
+        apply_cp(model, dims.sub("cp"))
+        logger.info(
+            f"Applied context parallel (cp={dims.cp}): all-gather attention, load-balanced chunks"
+        )
+    ac = job_config.activation_checkpoint
+    if ac.mode != "none":
+        apply_ac(model, ac.mode, ac.selective_ac_option)
+        logger.info(
+            f"Applied {ac.mode} activation checkpointing"
+            + (f" ({ac.selective_ac_option})" if ac.mode == "selective" else "")
+        )
+    if job_config.compile.compiles("model"):
+        for block in model.layers.values():
+            block.compile(fullgraph=True)
+        logger.info("Compiled each transformer block with torch.compile")
+    if dims.fsdp_enabled:
+        reshard = job_config.parallelism.fsdp_reshard_after_forward
+        if reshard == "default" and dims.pp > 1:
+            # A pipeline stage runs forward once per micro-batch: keep its parameters gathered
+            # rather than all-gather them again for every micro-batch.
+            reshard = "never"
+        apply_fsdp(
+            model,
+            dims.fsdp_mesh,
+            param_dtype=param_dtype(job_config, device_type),
+            reduce_dtype=DTYPES[job_config.training.mixed_precision_reduce],
+            reshard_after_forward=reshard,
+        )
+        logger.info(f"Applied {'HSDP' if dims.dp_replicate_enabled else 'FSDP'} to the model")
+    elif dims.dp_replicate_enabled:
+        apply_ddp(model, dims.sub("dp_replicate"))
+        logger.info("Applied DDP to the model")
+    return model

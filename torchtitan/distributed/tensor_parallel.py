@@ -1,0 +1,130 @@
+"""Tensor parallelism machinery: a family gives the per-block plan, this applies it.
+
+The modules outside the blocks (``tok_embeddings``, ``norm``, ``output``: the decoder contract of
+``models/common/decoder.py``) get one plan for every family; each block gets the family's
+``block_plan(styles)``, whose ``styles`` picks torchao's float8 styles where a linear is float8.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from torchtitan import float8
+from torchtitan.log import logger
+from torchtitan.utils import waited
+
+
+def apply_tp(
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    block_plan: Callable[[Any], dict[str, Any]],
+    *,
+    loss_parallel: bool,
+    async_tp: bool = False,
+    compiled_blocks: bool = False,
+    float8_tensorwise: bool = False,
+) -> None:
+    """Megatron-style TP: the family's ``block_plan`` in each block (for Llama: column-wise
+    wq/wk/wv/w1/w3, row-wise wo/w2, sequence parallel norms), the embedding row-wise, the output
+    column-wise, the final norm sequence parallel.
+
+    Activations between blocks stay sharded along the sequence (``Shard(1)``); each attention and
+    feed-forward input is all-gathered once and its output reduce-scattered back. With
+    ``async_tp`` (CUDA and compiled blocks), inductor splits those collectives into pieces that
+    overlap with the matmuls through symmetric memory.
+
+    With ``float8_tensorwise`` (float8 converter, tensorwise recipe), the block linears that are
+    torchao ``Float8Linear`` get torchao's float8 styles: inputs are cast to float8 (one scale over
+    the whole sequence) before the all-gather, which then moves one byte per element, and so are
+    the output gradients before their all-gather in backward. Linears left in high precision
+    (``float8.filter_fqns``, sizes not divisible by 16) keep the plain styles, and a block input
+    is gathered in float8 only if every linear reading it is float8.
+    """
+    if async_tp:
+        from torch._inductor import config as inductor_config
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        inductor_config._micro_pipeline_tp = True
+        enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+    root_plan = _root_plan(model, loss_parallel)
+    if root_plan:
+        parallelize_module(model, tp_mesh, root_plan)
+    if compiled_blocks and model.tok_embeddings is not None:
+        model.tok_embeddings.register_forward_hook(_materialize_async_output)
+    styles = BlockStyles(float8_tensorwise)
+    for block in model.layers.values():
+        styles.block = block
+        parallelize_module(block, tp_mesh, block_plan(styles))
+    if float8_tensorwise:
+        logger.info(
+            f"Float8 tensor parallel: torchao's float8 styles on {styles.float8_linears} linears, "
+            f"{styles.float8_inputs} block inputs all-gathered in float8"
+        )
+
+
+def _root_plan(model: nn.Module, loss_parallel: bool) -> dict[str, Any]:
+    """The styles of the modules outside the blocks that this (pipeline) part holds."""
+    plan: dict[str, Any] = {}
+    if model.tok_embeddings is not None:
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    return plan
+
+
+class BlockStyles:
+    """The TP style of each linear of ``block``: torchao's float8 style where it is float8."""
+
+    def __init__(self, float8_tensorwise: bool) -> None:
+        self.block: nn.Module | None = None  # the block being planned
+        self.float8 = float8_tensorwise
+        self.float8_linears = self.float8_inputs = 0
+        if float8_tensorwise:
+            self.f8_colwise, self.f8_rowwise, self.f8_prepare = float8.tp_styles()
+
+    def _is_float8(self, fqn: str) -> bool:
+        return self.float8 and float8.is_float8_linear(self.block.get_submodule(fqn))
+
+    def colwise(self, fqn: str, **kwargs) -> ColwiseParallel:
+        if not self._is_float8(fqn):
+            return ColwiseParallel(**kwargs)
+        self.float8_linears += 1
+        return self.f8_colwise(**kwargs)
+
+    def rowwise(self, fqn: str, **kwargs) -> RowwiseParallel:
+        if not self._is_float8(fqn):
+            return RowwiseParallel(**kwargs)
+        self.float8_linears += 1
+        return self.f8_rowwise(**kwargs)
+
+    def prepare_input(self, fqn: str, readers: tuple[str, ...], **kwargs) -> PrepareModuleInput:
+        """Gather ``fqn``'s input in float8 only if every linear reading it casts to float8."""
+        if not all(self._is_float8(f"{fqn}.{r}") for r in readers):
+            return PrepareModuleInput(**kwargs)
+        self.float8_inputs += 1
+        # the cast takes its config from the first reader (the converter gives all one config)
+        return self.f8_prepare(fwd_config_submodule_fqn=readers[0], **kwargs)
+
+
+def _materialize_async_output(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    """The embedding's output, waited for before the compiled blocks (:func:`utils.waited`)."""
+    return waited(output)
