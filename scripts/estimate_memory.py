@@ -59,14 +59,14 @@ def estimate_memory(train_args: list[str], world_size: int, device_type: str) ->
     from torchtitan import utils
     from torchtitan.config_manager import parse_args
     from torchtitan.errors import ConfigError
-    from torchtitan.preflight import check
+    from torchtitan.job_plan import plan_job
 
     job_config = parse_args(train_args, need_files=False)
     if world_size < 1:
         raise ConfigError(f"--world-size: {world_size} must be >= 1")
     notes = _adapt(job_config)
     utils.device_type = device_type  # the target's rules (dtype, device features) for preflight
-    plan = check(job_config, world_size)
+    plan = plan_job(job_config, world_size)
     model_args = dataclasses.replace(
         plan.model_args,
         vocab_size=_vocab_size(plan, job_config),

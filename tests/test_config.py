@@ -260,7 +260,7 @@ def test_train_py_reports_config_errors_in_one_line(args, expected):
     "path", sorted((ROOT / "train_configs").glob("*.toml")), ids=lambda p: p.name
 )
 def test_every_shipped_config_passes_preflight(path):
-    from torchtitan.preflight import check
+    from torchtitan.job_plan import plan_job
 
     kind = "sentencepiece" if "llama2" in path.name else "tiktoken"
     tok = str(ROOT / "tests" / "assets" / "tokenizer" / f"{kind}.model")
@@ -268,7 +268,7 @@ def test_every_shipped_config_passes_preflight(path):
     # The smallest world each config is written for: 8 GPUs, or nodes of them for TP x FSDP (x PP)
     world = {"llama3_70b.toml": 64, "llama2_70b.toml": 64, "llama3_405b.toml": 256}
     world_size = world.get(path.name, 8)
-    plan = check(cfg, world_size=world_size)
+    plan = plan_job(cfg, world_size=world_size)
     d = plan.dims
     assert d.dp_shard * d.tp * d.pp == world_size and d.dp_shard >= 2
     assert plan.grad_accum_steps == 1
@@ -291,38 +291,38 @@ def test_every_shipped_config_passes_preflight(path):
 )
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine reports")
 def test_gpu_only_features_fail_clearly_on_cpu(args, expected):
-    from torchtitan.preflight import check
+    from torchtitan.job_plan import plan_job
 
     with pytest.raises(ConfigError) as e:
-        check(parse_args(args), world_size=1)
+        plan_job(parse_args(args), world_size=1)
     assert expected in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine reports")
 def test_float8_on_cpu_needs_cpu_float8_matmuls(monkeypatch):
     from torchtitan import float8
-    from torchtitan.preflight import check
+    from torchtitan.job_plan import plan_job
 
     if importlib.util.find_spec("torchao") is None:
         pytest.skip("needs torchao (dev-requirements.txt): its absence is refused first")
     cfg = parse_args(["--model.converters", "float8"])
     if float8.cpu_float8_matmul_works():  # torch 2.13's CPU build: allowed, for numerics checks
-        check(cfg, world_size=1)
+        plan_job(cfg, world_size=1)
     monkeypatch.setattr(float8, "cpu_float8_matmul_works", lambda: False)
     with pytest.raises(ConfigError) as e:
-        check(cfg, world_size=1)
+        plan_job(cfg, world_size=1)
     assert "model.converters: float8 needs a CUDA GPU" in str(e.value)
     assert "\n" not in str(e.value)
 
 
 def test_model_n_layers_overrides_the_flavor():
-    from torchtitan.preflight import check
+    from torchtitan.job_plan import plan_job
 
-    assert check(parse_args([]), world_size=1).model_args.n_layers == 6  # debugmodel's own
-    plan = check(parse_args(["--model.n_layers", "2"]), world_size=1)
+    assert plan_job(parse_args([]), world_size=1).model_args.n_layers == 6  # debugmodel's own
+    plan = plan_job(parse_args(["--model.n_layers", "2"]), world_size=1)
     assert plan.model_args.n_layers == 2 and plan.model_args.dim == 256
     with pytest.raises(ConfigError, match="parallelism.pipeline_parallel_degree"):
-        check(
+        plan_job(
             parse_args(["--model.n_layers", "1", "--parallelism.pipeline_parallel_degree", "2"]), 2
         )
 

@@ -15,7 +15,7 @@ import torch
 from torchtitan.config_manager import parse_args
 from torchtitan.distributed.context_parallel import chunk_ids, shard_sequence, unshard_sequence
 from torchtitan.errors import ConfigError
-from torchtitan.preflight import check
+from torchtitan.job_plan import plan_job
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,12 +97,12 @@ def _job(*args: str):
 )  # fmt: skip
 def test_sequence_split_errors_name_the_key(args, world, expected):
     with pytest.raises(ConfigError) as e:
-        check(_job(*args), world_size=world)
+        plan_job(_job(*args), world_size=world)
     assert expected in str(e.value) and "\n" not in str(e.value)
 
 
 def test_cp_ranks_form_the_fsdp_and_loss_groups_but_not_the_data_groups():
-    plan = check(_job("--parallelism.context_parallel_degree", "2"), world_size=8)
+    plan = plan_job(_job("--parallelism.context_parallel_degree", "2"), world_size=8)
     d = plan.dims
     assert (d.dp_shard, d.cp, d.dp) == (4, 2, 4)
     assert d.fsdp_enabled and d.non_data_parallel_size == 2

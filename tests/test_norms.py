@@ -277,18 +277,18 @@ def test_bad_norm_type_is_one_line():
 
 
 def test_preflight_passes_norm_type_to_model_args():
-    from torchtitan.preflight import check
+    from torchtitan.job_plan import plan_job
 
     for norm_type in ("rmsnorm", "compiled_rmsnorm"):
         cfg = parse_args(["--job.config_file", DEBUG_TOML, "--model.norm_type", norm_type])
-        assert check(cfg, world_size=1).model_args.norm_type == norm_type
+        assert plan_job(cfg, world_size=1).model_args.norm_type == norm_type
     # the flavor table itself is not modified
     assert llama3_configs["debugmodel"].norm_type == "rmsnorm"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine reports")
 def test_fused_rmsnorm_refused_on_cpu():
-    from torchtitan.preflight import check
+    from torchtitan.job_plan import plan_job
 
     expected = (
         "command line: --model.norm_type: fused_rmsnorm needs a CUDA GPU (Triton); use rmsnorm or "
@@ -296,7 +296,7 @@ def test_fused_rmsnorm_refused_on_cpu():
     )
     cfg = parse_args(["--job.config_file", DEBUG_TOML, "--model.norm_type", "fused_rmsnorm"])
     with pytest.raises(ConfigError) as e:
-        check(cfg, world_size=1)
+        plan_job(cfg, world_size=1)
     assert str(e.value) == expected
     out = subprocess.run(
         [sys.executable, "-m", "torchtitan.preflight", "--job.config_file", DEBUG_TOML,

@@ -24,8 +24,8 @@ from torchtitan.distributed.pipeline import (
     split_model,
 )
 from torchtitan.errors import ConfigError
+from torchtitan.job_plan import plan_job
 from torchtitan.models.llama.model import ModelArgs, Transformer
-from torchtitan.preflight import check
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBUG_TOML = str(ROOT / "train_configs" / "debug_model.toml")
@@ -194,16 +194,16 @@ def test_pipeline_config_errors(args, dims, expected):
 def test_tied_embeddings_cannot_be_split():
     job = _job("--model.flavor", "1B", "--parallelism.pipeline_parallel_degree", "2")
     with pytest.raises(ConfigError, match=r"llama3 1B ties its input and output embeddings"):
-        check(job, world_size=2)
+        plan_job(job, world_size=2)
 
 
 def test_preflight_plans_the_pipeline():
-    plan = check(_job("--parallelism.pipeline_parallel_degree", "2"), world_size=4)
+    plan = plan_job(_job("--parallelism.pipeline_parallel_degree", "2"), world_size=4)
     assert plan.dims.pp == 2 and plan.dims.dp_shard == 2
     assert plan.pipeline is not None and plan.pipeline.num_stages == 2
-    assert check(_job(), world_size=2).pipeline is None
+    assert plan_job(_job(), world_size=2).pipeline is None
     with pytest.raises(ConfigError, match="pipeline_parallel_layers_per_stage: 4 does not"):
-        check(
+        plan_job(
             _job(
                 "--parallelism.pipeline_parallel_degree",
                 "2",

@@ -11,7 +11,7 @@ from launcher import launch, tensorboard_scalars
 
 from torchtitan.config_manager import parse_args
 from torchtitan.errors import ConfigError
-from torchtitan.preflight import check
+from torchtitan.job_plan import plan_job
 
 COMMON = ["--training.steps", "4", "--training.seq_len", "64", "--training.global_batch_size", "4",
           "--debug.seed", "42", "--debug.deterministic", "--metrics.enable_tensorboard",
@@ -72,12 +72,12 @@ def test_validation_shape_errors_name_the_key():
     cfg = parse_args(["--validation.enable", "--validation.dataset", "python_docs",
                       "--validation.seq_len", "4096"])  # fmt: skip
     with pytest.raises(ConfigError, match=r"validation.seq_len: 4096 is longer than training"):
-        check(cfg, world_size=1)
+        plan_job(cfg, world_size=1)
     cfg = parse_args(["--validation.enable", "--validation.dataset", "python_docs",
                       "--parallelism.pipeline_parallel_degree", "2",
                       "--validation.local_batch_size", "3"])  # fmt: skip
     with pytest.raises(ConfigError, match=r"with pp=2 validation batches must have the training"):
-        check(cfg, world_size=2)
+        plan_job(cfg, world_size=2)
     cfg = parse_args(["--validation.enable", "--validation.dataset", "c7"])
     with pytest.raises(ConfigError, match=r"^command line: --validation.dataset: unknown dataset"):
-        check(cfg, world_size=1)
+        plan_job(cfg, world_size=1)

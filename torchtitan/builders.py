@@ -23,8 +23,8 @@ from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.distributed.pipeline import Pipeline
 from torchtitan.errors import ConfigError
 from torchtitan.float8 import apply_converters
+from torchtitan.job_plan import JobPlan, check_vocab, plan_job
 from torchtitan.log import logger
-from torchtitan.preflight import Plan, check, check_vocab
 from torchtitan.step import StepRunner
 
 
@@ -36,7 +36,7 @@ class Runtime:
     device: torch.device
     rank: int
     world_size: int
-    plan: Plan
+    plan: JobPlan
     seed: int
 
     @property
@@ -55,7 +55,7 @@ def init_runtime(job_config: JobConfig, *, seed_everything: bool = True) -> Runt
     utils.init_distributed(device, job_config.comm, job_config.job.dump_folder)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    plan = check(job_config, world_size)
+    plan = plan_job(job_config, world_size)
     plan.dims.build_mesh(utils.device_type)
     seed = utils.resolve_seed(job_config.debug.seed, device)
     if seed_everything:

@@ -725,7 +725,7 @@ def parse_args(
     builder.finish()
     cfg.job.config_file = config_file
     with found.collect():
-        validate(cfg, need_files=need_files)
+        check_values(cfg, need_files=need_files)
     if problems is None:
         found.raise_if_any()
     return cfg
@@ -824,7 +824,7 @@ def _check_bounds(cfg: JobConfig, problems: Problems) -> None:
                     raise ConfigError(f"{name}: {value} must be <= {meta['le']}")
 
 
-def validate(cfg: JobConfig, *, need_files: bool = True) -> None:
+def check_values(cfg: JobConfig, *, need_files: bool = True) -> None:
     """Checks that need no process group, model or data: every problem, one line each, where
     each key was set in front (ConfigError / ConfigErrors)."""
     problems = Problems()

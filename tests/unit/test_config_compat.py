@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sized_tokenizers import llama3_sized_tiktoken
 
-from torchtitan import config_aliases, preflight
+from torchtitan import config_aliases, job_plan, preflight
 from torchtitan.config_aliases import ALIASES
 from torchtitan.config_manager import _strip_optional, all_keys, parse_args
 from torchtitan.errors import ConfigError
@@ -403,7 +403,7 @@ def test_pipeline_split_points_set_the_stages(points, stages, schedule, pp):
          "--parallelism.pipeline_parallel_schedule", schedule, "--training.local_batch_size", "4",
          "--parallelism.pipeline_parallel_degree", str(pp)]
     )  # fmt: skip
-    plan = preflight.check(cfg, world_size=pp)
+    plan = job_plan.plan_job(cfg, world_size=pp)
     assert plan.pipeline.stage_layers == stages
 
 
@@ -414,5 +414,5 @@ def test_pipeline_split_points_that_do_not_fit_the_schedule_are_refused():
          "Interleaved1F1B"]
     )  # fmt: skip
     with pytest.raises(ConfigError) as e:
-        preflight.check(cfg, world_size=2)
+        job_plan.plan_job(cfg, world_size=2)
     assert "1 split points make 2 stages" in str(e.value) and "a multiple of 2" in str(e.value)
