@@ -44,10 +44,10 @@ def train(job_config: JobConfig) -> None:
 
     # ---- model: described once, built on the meta device, cut into this rank's pipeline
     #      stages, parallelized by the family's plan, then materialized
-    model = builders.build_model(job_config, rt, tokenizer.n_words)
+    model = builders.build_model(job_config, rt, tokenizer.n_words, on_meta=startup.lap)
     runner = builders.build_step_runner(job_config, rt, model)
     validator = Validator(job_config, dataloader=val_loader, runner=runner) if val_loader else None
-    startup.lap("model: parallelize and materialize")
+    startup.lap("parallelize and materialize")
 
     # ---- optimizer, schedule, metrics
     optimizer, lr_scheduler = builders.build_optimizer(job_config, rt, model)

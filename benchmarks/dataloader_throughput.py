@@ -174,28 +174,37 @@ def tokenizer_label(path: str, n_words: int, bpe: Path | None) -> str:
     return f"{Path(path).name} {n_words:,}"
 
 
+def _training_args(args) -> list[str]:
+    """The benchmark's options as the train.py arguments they stand for."""
+    out = [
+        "--training.dataset", args.dataset,
+        "--training.local_batch_size", str(args.local_batch_size),
+        "--training.seq_len", str(args.seq_len),
+    ]  # fmt: skip
+    if args.text_field:
+        out += ["--training.dataset_text_field", args.text_field]
+    if args.dataset_path:
+        out += ["--training.dataset_path", args.dataset_path]
+    if args.streaming is not None:
+        out += ["--training.dataset_streaming", str(args.streaming).lower()]
+    return out
+
+
 def measure(args, tokenizer_path: str, dp_rank: int, bpe: Path | None, fresh: bool) -> dict:
     """Build one rank's loader as train.py does and time it."""
     import torch
 
+    from torchtitan.builders import dataloader_for
+    from torchtitan.config_manager import parse_args
     from torchtitan.train_spec import get_train_spec
 
-    spec = get_train_spec("llama3")
+    job_config = parse_args(_training_args(args), need_files=False)
+    spec = get_train_spec(job_config.model.name)
     t0 = time.perf_counter()
     tokenizer = spec.build_tokenizer_fn(tokenizer_path)
     t1 = time.perf_counter()
-    loader = spec.build_dataloader_fn(
-        dataset=args.dataset,
-        dataset_path=args.dataset_path,
-        tokenizer=tokenizer,
-        local_batch_size=args.local_batch_size,
-        global_batch_size=args.global_batch_size,
-        seq_len=args.seq_len,
-        dp_rank=dp_rank,
-        dp_world_size=args.dp_world_size,
-        text_field=args.text_field,
-        streaming=args.streaming,
-    )
+    global_batch = args.global_batch_size or args.local_batch_size * args.dp_world_size
+    loader = dataloader_for(job_config, spec, tokenizer, dp_rank, args.dp_world_size, global_batch)
     t2 = time.perf_counter()
     it = iter(loader)
     first_inputs, _ = next(it)

@@ -8,6 +8,7 @@ take the :class:`Runtime` it returns. Everything family-specific comes from the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,16 +73,31 @@ def build_tokenizer(job_config: JobConfig, spec: Any) -> Any:
 
 def build_dataloader(job_config: JobConfig, rt: Runtime, tokenizer: Any) -> Any:
     """The training data of this data-parallel rank (infinite, checkpointable)."""
+    return dataloader_for(
+        job_config, rt.spec, tokenizer, rt.dims.dp_rank, rt.dims.dp, rt.plan.global_batch_size
+    )
+
+
+def dataloader_for(
+    job_config: JobConfig,
+    spec: Any,
+    tokenizer: Any,
+    dp_rank: int,
+    dp_world_size: int,
+    global_batch_size: int,
+) -> Any:
+    """The training loader of data-parallel rank ``dp_rank`` of ``dp_world_size`` (the
+    benchmarks build any rank's without processes)."""
     t = job_config.training
-    return rt.spec.build_dataloader_fn(
+    return spec.build_dataloader_fn(
         dataset=t.dataset,
         dataset_path=t.dataset_path,
         tokenizer=tokenizer,
         local_batch_size=t.local_batch_size,
-        global_batch_size=rt.plan.global_batch_size,
+        global_batch_size=global_batch_size,
         seq_len=t.seq_len,
-        dp_rank=rt.dims.dp_rank,
-        dp_world_size=rt.dims.dp,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
         text_field=t.dataset_text_field,
         streaming=t.dataset_streaming,
     )
@@ -122,11 +138,17 @@ class BuiltModel:
 
 
 def build_model(
-    job_config: JobConfig, rt: Runtime, n_words: int, *, materialize: bool = True
+    job_config: JobConfig,
+    rt: Runtime,
+    n_words: int,
+    *,
+    materialize: bool = True,
+    on_meta: Callable[[str], None] | None = None,
 ) -> BuiltModel:
     """Described once, built on the meta device, converted (float8), cut into this rank's
     pipeline stages, each parallelized by the family's plan, then materialized with
-    layout-invariant init (left on the meta device with ``materialize=False``)."""
+    layout-invariant init (left on the meta device with ``materialize=False``).
+    ``on_meta("model on meta")`` is called once the meta model exists (start-up timing)."""
     t, spec = job_config.training, rt.spec
     vocab_size = check_vocab(job_config, rt.plan.model_args, n_words)
     args = dataclasses.replace(rt.plan.model_args, vocab_size=vocab_size, max_seq_len=t.seq_len)
@@ -142,6 +164,8 @@ def build_model(
     apply_converters(model, job_config)  # e.g. float8 linears, before any sharding
     if m.print_after_conversion:
         logger.info(f"Model after model.converters:\n{model}")
+    if on_meta is not None:
+        on_meta("model on meta")
     stages = _split_into_stages(model, rt)
     for index, part in stages.items():
         stages[index] = spec.parallelize_fn(part, rt.dims, job_config, utils.device_type)
