@@ -16,9 +16,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchtitan import builders, float8, utils
+from torchtitan import builders, float8, runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.config_manager import JobConfig, help_text, parse_args, save_config
+from torchtitan.distributed import utils as dist_utils
 from torchtitan.errors import TorchTitanError, another_rank_reported, report_user_error
 from torchtitan.guards import stop_if_diverged
 from torchtitan.log import add_log_file, init_logger, logger
@@ -29,7 +30,7 @@ from torchtitan.validation import Validator
 
 
 def train(job_config: JobConfig) -> None:
-    startup = utils.StartupTimer()  # logged after the first step
+    startup = runtime.StartupTimer()  # logged after the first step
 
     # ---- processes, devices, the checked plan of the job, seeds
     rt = builders.init_runtime(job_config)
@@ -89,7 +90,7 @@ def _log_start(job_config: JobConfig, rt: builders.Runtime) -> None:
             logger.warning(line)
     logger.info(
         f"world_size={rt.world_size} {rt.dims.layout()} device={rt.device} "
-        f"backend={utils.dist_backend}"
+        f"backend={dist_utils.dist_backend}"
     )
     if job_config.job.print_config and rt.rank == 0:
         print(job_config.to_toml(), flush=True)
@@ -120,12 +121,12 @@ class Loop:
     validator: Validator | None
     train_state: TrainState
 
-    def run(self, data_iter: Any, startup: utils.StartupTimer | None) -> None:
+    def run(self, data_iter: Any, startup: runtime.StartupTimer | None) -> None:
         t, first = self.job_config.training, self.train_state.step + 1
         if first > t.steps:
             logger.info(f"Already trained to step {first - 1} of {t.steps}: nothing to do")
             return
-        gc_handler = utils.GarbageCollection(t.gc_freq)
+        gc_handler = runtime.GarbageCollection(t.gc_freq)
         with profiled_steps(self.job_config, self.rt.rank, first - 1) as profiler:
             for step in range(first, t.steps + 1):
                 gc_handler.run(step)
@@ -140,7 +141,7 @@ class Loop:
                 self.checkpointer.maybe_save(step)
                 profiler.step(step)
                 if startup is not None:  # first step of this run (compilation happens here)
-                    utils.set_train_timeout(self.job_config.comm)
+                    dist_utils.set_train_timeout(self.job_config.comm)
                     startup.lap("first step")
                     logger.info(startup.summary())
                     startup = None
@@ -159,7 +160,7 @@ class Loop:
             loss += self.runner.forward_backward(inputs, labels, plan.grad_accum_steps)
         params = [p for m in self.parts for p in m.parameters()]
         max_norm = self.job_config.training.max_norm
-        return loss, utils.clip_grad_norm_(params, max_norm, pp_group=dims.pp_group)
+        return loss, dist_utils.clip_grad_norm_(params, max_norm, pp_group=dims.pp_group)
 
     def optimizer_step(self, step: int) -> float:
         """The update (after a background save has copied the weights it needs); the lr used."""

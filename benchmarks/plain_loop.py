@@ -88,13 +88,13 @@ def plain_step_time(job_config, warmup: int, steps: int) -> float:
     import torch
     import torch.nn.functional as F
 
-    from torchtitan import utils
     from torchtitan.datasets.tokenizer import build_tokenizer, tokenizer_source
+    from torchtitan.distributed import utils as dist_utils
     from torchtitan.models.llama.model import Transformer
     from torchtitan.train_spec import get_model_args
 
     t, o = job_config.training, job_config.optimizer
-    device = utils.init_device()
+    device = dist_utils.init_device()
     path, key = tokenizer_source(job_config.model)
     vocab = build_tokenizer(path, key=key).n_words
     args = get_model_args(job_config.model.name, job_config.model.flavor)

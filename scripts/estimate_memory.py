@@ -56,8 +56,8 @@ def estimate_memory(train_args: list[str], world_size: int, device_type: str) ->
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from torchtitan import utils
     from torchtitan.config_manager import parse_args
+    from torchtitan.distributed import utils as dist_utils
     from torchtitan.errors import ConfigError
     from torchtitan.job_plan import plan_job
 
@@ -65,7 +65,9 @@ def estimate_memory(train_args: list[str], world_size: int, device_type: str) ->
     if world_size < 1:
         raise ConfigError(f"--world-size: {world_size} must be >= 1")
     notes = _adapt(job_config)
-    utils.device_type = device_type  # the target's rules (dtype, device features) for preflight
+    dist_utils.device_type = (
+        device_type  # the target's rules (dtype, device features) for preflight
+    )
     plan = plan_job(job_config, world_size)
     model_args = dataclasses.replace(
         plan.model_args,

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import train  # noqa: E402
 from torchtitan import metrics  # noqa: E402
-from torchtitan.utils import proc_status_kib  # noqa: E402
+from torchtitan.metrics import proc_status_kib  # noqa: E402
 
 
 def main() -> int:

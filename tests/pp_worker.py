@@ -18,7 +18,7 @@ from torchtitan.config_manager import JobConfig
 from torchtitan.distributed import pipeline
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.param_init import layout_invariant_init
-from torchtitan.models.llama import cross_entropy_loss
+from torchtitan.models.common.loss import cross_entropy_loss
 from torchtitan.models.llama.model import ModelArgs, Transformer
 
 ARGS = ModelArgs(dim=32, n_layers=6, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)

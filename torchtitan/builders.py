@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from torchtitan import utils
+from torchtitan import runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.config_manager import JobConfig
+from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.loss_parallel import build_loss_fn
 from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.distributed.pipeline import Pipeline
@@ -52,15 +53,15 @@ class Runtime:
 def init_runtime(job_config: JobConfig, *, seed_everything: bool = True) -> Runtime:
     """The device, the process group (under torchrun), the job plan, the device mesh and the
     seeds. Raises ConfigError(s) for a job that cannot run on this world."""
-    device = utils.init_device()
-    utils.init_distributed(device, job_config.comm, job_config.job.dump_folder)
+    device = dist_utils.init_device()
+    dist_utils.init_distributed(device, job_config.comm, job_config.job.dump_folder)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     plan = plan_job(job_config, world_size)
-    plan.dims.build_mesh(utils.device_type)
-    seed = utils.resolve_seed(job_config.debug.seed, device)
+    plan.dims.build_mesh(dist_utils.device_type)
+    seed = runtime.resolve_seed(job_config.debug.seed, device)
     if seed_everything:
-        utils.set_determinism(seed, job_config.debug.deterministic)
+        runtime.set_determinism(seed, job_config.debug.deterministic)
     return Runtime(device, rank, world_size, plan, seed)
 
 
@@ -168,7 +169,7 @@ def build_model(
         on_meta("model on meta")
     stages = _split_into_stages(model, rt)
     for index, part in stages.items():
-        stages[index] = spec.parallelize_fn(part, rt.dims, job_config, utils.device_type)
+        stages[index] = spec.parallelize_fn(part, rt.dims, job_config, dist_utils.device_type)
         if materialize:
             _materialize(stages[index], rt.device, rt.seed)
     built = BuiltModel(stages, args, nparams, flops_per_token)

@@ -18,8 +18,8 @@ import importlib.util
 import torch
 import torch.nn as nn
 
-from torchtitan import utils
 from torchtitan.config_manager import JobConfig
+from torchtitan.distributed import utils as dist_utils
 from torchtitan.errors import ConfigError
 from torchtitan.log import logger
 
@@ -192,7 +192,7 @@ def apply_converters(model: nn.Module, job_config: JobConfig) -> None:
         f"Float8 training ({job_config.float8.recipe_name} scaling) on {n} linear layers; "
         f"skipped: {', '.join(sorted(skip)) or 'none'}"
     )
-    if utils.device_type != "cuda":
+    if dist_utils.device_type != "cuda":
         logger.warning(
             "Float8 on CPU runs torch's CPU float8 matmul (no faster than float32 here): use it "
             "to check a config's numerics at small sizes (see docs/performance.md), not to train"

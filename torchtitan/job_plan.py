@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from torchtitan import utils
 from torchtitan.config_manager import (
     JobConfig,
     global_batch,
@@ -26,6 +25,7 @@ from torchtitan.config_manager import (
     located,
 )
 from torchtitan.datasets.sources import check_dataset_config
+from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline import PipelinePlan, check_pipeline_config
 from torchtitan.errors import ConfigError, ConfigErrors, Problems
@@ -48,7 +48,7 @@ class JobPlan:
 def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = None) -> JobPlan:
     """The job's plan for ``world_size`` processes on ``device_type`` (default: this machine's),
     or ConfigError(s) naming every problem found, each with the file or flag that set the key."""
-    device_type = device_type or utils.device_type
+    device_type = device_type or dist_utils.device_type
     problems = Problems()
     with problems.collect():
         import_custom_module(job_config.job.custom_import)

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchtitan.distributed.utils import device_type
 from torchtitan.log import logger
-from torchtitan.utils import device_memory, device_type, reset_peak_memory
 
 # Peak dense (no sparsity) bf16 tensor-core FLOP/s, from the vendors' datasheets: NVIDIA A100
 # (312 TF), A10 (125 TF), L4 (121 TF), L40S (362 TF), H100 SXM (989 TF), H100 PCIe (756 TF),
@@ -223,3 +223,40 @@ def mean_over(value: Any, mesh: Any) -> float:
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.AVG, group=mesh.get_group())
     return float(value)
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def device_memory() -> tuple[float, float]:
+    """(peak allocated GiB, peak reserved GiB) on this device since the last reset; on CPU the
+    process's peak resident set (VmHWM) twice: it includes the interpreter and libraries."""
+    if device_type == "cuda":
+        gib = 1024**3
+        return torch.cuda.max_memory_allocated() / gib, torch.cuda.max_memory_reserved() / gib
+    rss = _rss_gib()
+    return rss, rss
+
+
+def reset_peak_memory() -> None:
+    if device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:  # Linux: "5" resets VmHWM to the current resident set
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # elsewhere the peak is since the process started
+
+
+def _rss_gib() -> float:
+    try:
+        return proc_status_kib("VmHWM") / 1024**2
+    except (OSError, ValueError, StopIteration):
+        return float("nan")
+
+
+def proc_status_kib(field: str) -> int:
+    """A memory field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...) in KiB (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))

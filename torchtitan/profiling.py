@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import torch
 
 from torchtitan.config_manager import JobConfig
+from torchtitan.distributed.utils import device_type
 from torchtitan.log import logger
-from torchtitan.utils import device_type
 
 _SNAPSHOT_ENTRIES = 100_000  # allocator events kept (the newest)
 

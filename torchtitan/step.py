@@ -21,7 +21,7 @@ from torchtitan.distributed.context_parallel import shard_sequence
 from torchtitan.distributed.data_parallel import param_dtype
 from torchtitan.distributed.loss_parallel import loss_context
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.utils import device_type, full_tensor
+from torchtitan.distributed.utils import device_type, full_tensor
 
 
 def autocast_for(job_config: JobConfig, dims: ParallelDims) -> contextlib.AbstractContextManager:

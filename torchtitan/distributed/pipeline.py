@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from torchtitan.distributed.utils import full_tensor
 from torchtitan.errors import ConfigError
-from torchtitan.utils import full_tensor
 
 __all__ = [
     "SCHEDULES",

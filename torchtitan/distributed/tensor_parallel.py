@@ -23,8 +23,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from torchtitan import float8
+from torchtitan.distributed.utils import waited
 from torchtitan.log import logger
-from torchtitan.utils import waited
 
 
 def apply_tp(

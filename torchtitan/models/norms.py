@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
+from torchtitan.distributed.utils import waited
 from torchtitan.models.fused_rmsnorm import fused_rms_norm
-from torchtitan.utils import waited
 
 __all__ = [
     "NORM_TYPES",

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
 from torchtitan.datasets import build_hf_dataloader
 from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
 from torchtitan.datasets.tokenizer import build_tokenizer
 from torchtitan.distributed.pipeline import split_model
 from torchtitan.lr_scheduling import build_lr_scheduler
+from torchtitan.models.common.loss import cross_entropy_loss
 from torchtitan.models.llama.flavors import llama2_configs, llama3_configs
 from torchtitan.models.llama.hf_adapter import LlamaStateDictAdapter
 from torchtitan.models.llama.model import ModelArgs, Transformer, get_nparams_and_flops
@@ -17,12 +15,7 @@ from torchtitan.models.llama.parallelize import parallelize_llama
 from torchtitan.optimizer import build_optimizer
 from torchtitan.train_spec import TrainSpec, register_train_spec
 
-__all__ = ["ModelArgs", "Transformer", "cross_entropy_loss"]
-
-
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy over all positions, computed in float32."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+__all__ = ["ModelArgs", "Transformer"]
 
 
 for _name, _flavors in (("llama2", llama2_configs), ("llama3", llama3_configs)):

@@ -1,20 +1,15 @@
-"""Device, process group, seeds and garbage collection: the few things every rank sets up once."""
+"""Device, process group and the tensor helpers every parallelism shares: one code path, CUDA +
+NCCL when there is a GPU, else CPU + gloo."""
 
 from __future__ import annotations
 
-import gc
 import os
-import random
-import time
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-_IMPORTED_AT = time.perf_counter()
-
-# One code path: CUDA + NCCL when there is a GPU, else CPU + gloo.
 device_type = "cuda" if torch.cuda.is_available() else "cpu"
 dist_backend = "nccl" if device_type == "cuda" else "gloo"
 
@@ -95,84 +90,6 @@ def _all_groups() -> list[Any]:
     return list(dist.distributed_c10d._world.pg_map)
 
 
-def resolve_seed(seed: int | None, device: torch.device) -> int:
-    """The configured seed, or one drawn on rank 0 and shared with every rank."""
-    if seed is not None:
-        return seed
-    drawn = torch.tensor([random.SystemRandom().randrange(2**32)], dtype=torch.int64, device=device)
-    if dist.is_initialized():
-        dist.broadcast(drawn, src=0)
-    return int(drawn.item())
-
-
-def set_determinism(seed: int, deterministic: bool, rank_offset: int = 0) -> None:
-    """Seed Python, NumPy and torch. ``rank_offset`` makes per-rank streams differ where they must.
-
-    Seeds stay inside [0, 2**32): NumPy rejects larger ones, so the per-rank seed wraps around.
-    """
-    s = (seed + rank_offset) % 2**32
-    random.seed(s)
-    try:
-        import numpy as np
-
-        np.random.seed(s)
-    except ImportError:  # pragma: no cover
-        pass
-    torch.manual_seed(s)
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=False)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-
-
-class GarbageCollection:
-    """Turn off automatic GC (its pauses are random across ranks) and collect every ``freq`` steps."""
-
-    def __init__(self, freq: int):
-        self.freq = freq
-        gc.disable()
-        gc.collect(1)
-
-    def run(self, step: int) -> None:
-        if step > 1 and step % self.freq == 0:
-            gc.collect(1)
-
-
-def device_memory() -> tuple[float, float]:
-    """(peak allocated GiB, peak reserved GiB) on this device since the last reset; on CPU the
-    process's peak resident set (VmHWM) twice: it includes the interpreter and libraries."""
-    if device_type == "cuda":
-        gib = 1024**3
-        return torch.cuda.max_memory_allocated() / gib, torch.cuda.max_memory_reserved() / gib
-    rss = _rss_gib()
-    return rss, rss
-
-
-def reset_peak_memory() -> None:
-    if device_type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        return
-    try:  # Linux: "5" resets VmHWM to the current resident set
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass  # elsewhere the peak is since the process started
-
-
-def _rss_gib() -> float:
-    try:
-        return proc_status_kib("VmHWM") / 1024**2
-    except (OSError, ValueError, StopIteration):
-        return float("nan")
-
-
-def proc_status_kib(field: str) -> int:
-    """A memory field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...) in KiB (Linux)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
 def waited(t: torch.Tensor) -> torch.Tensor:
     """``t``, or a plain copy of it if it is a functional collective's result not yet waited for
     (``AsyncCollectiveTensor``, e.g. the TP embedding's reduce-scatter). Handed to compiled code
@@ -205,33 +122,3 @@ def clip_grad_norm_(
         total = squared.sqrt()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
     return total
-
-
-def process_age() -> float:
-    """Seconds since this process started (Linux ``/proc``), else since this module was imported."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _IMPORTED_AT
-
-
-class StartupTimer:
-    """Where the time from process start to the first finished step goes, phase by phase."""
-
-    def __init__(self) -> None:
-        self.phases: list[tuple[str, float]] = [("start and imports", process_age())]
-        self._last = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.phases.append((phase, now - self._last))
-        self._last = now
-
-    def summary(self) -> str:
-        total = sum(s for _, s in self.phases)
-        parts = ", ".join(f"{name} {s:.2f}s" for name, s in self.phases)
-        return f"Start-up {total:.2f}s, process start to the end of the first step ({parts})"

@@ -1,0 +1,232 @@
+"""The Qwen3 dense decoder: model math only, no parallelism.
+
+Differences from Llama (``torchtitan/models/llama/model.py``), all taken from ``transformers``'
+``modeling_qwen3.py`` and the Qwen3 technical report (arXiv:2505.09388, section 2):
+
+* ``head_dim`` is a hyper-parameter of its own (128 in every published size), not
+  ``dim / n_heads``: ``wq`` maps ``dim -> n_heads * head_dim``, ``wo`` maps it back.
+* QK-norm: an RMSNorm over ``head_dim`` (one ``[head_dim]`` scale shared by all heads) applied to
+  every query and key head after the projection and before the rotary embedding.
+* Rotary embeddings in ``transformers``' half-split layout: channel ``i`` of a head pairs with
+  channel ``i + head_dim / 2`` (``rotate_half``), so Hugging Face weights load without any
+  permutation. ``rope_theta`` is 1,000,000; no frequency scaling.
+* The SwiGLU width is the explicit ``hidden_dim`` (``intermediate_size``), RMSNorm eps 1e-6.
+
+Parameter names follow this library's Llama (``wq``/``wk``/``wv``/``wo``, ``w1``/``w2``/``w3``,
+``attention_norm``/``ffn_norm``) plus ``attention.q_norm`` / ``attention.k_norm``, so the generic
+parallelisms and the tensor-parallel plan name the same modules.
+
+Intended construction (the parallelisms may be applied between the steps)::
+
+    with torch.device("meta"):
+        model = Qwen3Model(args)
+    model.to_empty(device="cuda")
+    model.init_weights()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from torchtitan.models.common.blocks import CausalAttention, FeedForward, trunc_normal_
+from torchtitan.models.common.decoder import Decoder, get_nparams_and_flops
+from torchtitan.models.norms import NORM_TYPES, build_norm
+
+__all__ = [
+    "Qwen3ModelArgs",
+    "Qwen3Attention",
+    "Qwen3Block",
+    "Qwen3Model",
+    "rope_inv_freqs",
+    "precompute_rope_cache",
+    "apply_rotary_emb",
+    "get_nparams_and_flops",
+]
+
+
+@dataclass
+class Qwen3ModelArgs:
+    """Hyper-parameters of one Qwen3 flavor (``config.json`` name in brackets)."""
+
+    dim: int = 4096  # hidden_size
+    n_layers: int = 36  # num_hidden_layers
+    n_heads: int = 32  # num_attention_heads
+    n_kv_heads: int | None = 8  # num_key_value_heads; None: same as n_heads
+    head_dim: int = 128  # head_dim (independent of dim / n_heads)
+    hidden_dim: int = 12288  # intermediate_size: SwiGLU width
+    vocab_size: int = -1  # vocab_size; -1: set from the tokenizer at build time
+    norm_eps: float = 1e-6  # rms_norm_eps (every RMSNorm, the QK norms included)
+    rope_theta: float = 1_000_000.0  # rope_theta
+    max_seq_len: int = 4096  # length of the precomputed rotary table
+    tie_word_embeddings: bool = False  # output.weight is tok_embeddings.weight
+    depth_init: bool = True  # scale wo/w2 init by the layer's depth rather than by n_layers
+    # RMSNorm implementation (same math and parameter, see torchtitan/models/norms.py)
+    norm_type: str = "rmsnorm"
+
+    def __post_init__(self) -> None:
+        if self.norm_type not in NORM_TYPES:
+            raise ValueError(f"norm_type {self.norm_type!r} is not one of: {', '.join(NORM_TYPES)}")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})"
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+
+    def ffn_hidden_dim(self) -> int:
+        """SwiGLU hidden size (what preflight checks against the tensor-parallel degree)."""
+        return self.hidden_dim
+
+
+# --------------------------------------------------------------------------------------------
+# Rotary position embeddings, half-split layout
+# --------------------------------------------------------------------------------------------
+
+
+def rope_inv_freqs(args: Qwen3ModelArgs, device: torch.device | str | None = None) -> torch.Tensor:
+    """Rotation frequencies ``rope_theta ** (-2i / head_dim)``, shape ``[head_dim // 2]``,
+    float64 (``transformers``' default rope computes the same values in float32)."""
+    exponents = torch.arange(0, args.head_dim, 2, dtype=torch.float64, device=device)
+    return 1.0 / (args.rope_theta ** (exponents / args.head_dim))
+
+
+def precompute_rope_cache(
+    args: Qwen3ModelArgs, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Cos/sin table ``[max_seq_len, head_dim // 2, 2]`` (float32), position-major (context
+    parallel keeps the rows of the positions a rank holds). Angles in float64, stored as float32.
+    """
+    freqs = rope_inv_freqs(args, device=device)
+    positions = torch.arange(args.max_seq_len, dtype=torch.float64, device=device)
+    angles = torch.outer(positions, freqs)
+    return torch.stack((angles.cos(), angles.sin()), dim=-1).to(torch.float32)
+
+
+def apply_rotary_emb(
+    xq: torch.Tensor, xk: torch.Tensor, rope_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys ``[B, T, heads, head_dim]`` by their position (0..T-1).
+
+    Half-split layout (``transformers``' ``rotate_half``): channel ``i`` and channel
+    ``i + head_dim / 2`` form the pair rotated at frequency ``i``. The rotation runs in float32
+    and the result keeps the input dtype.
+    """
+    seq_len = xq.shape[1]
+    cache = rope_cache[:seq_len]
+    cos = cache[..., 0].unsqueeze(0).unsqueeze(2)  # [1, T, 1, head_dim // 2]
+    sin = cache[..., 1].unsqueeze(0).unsqueeze(2)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        first, second = x.float().chunk(2, dim=-1)
+        out = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+        return out.type_as(x)
+
+    return rotate(xq), rotate(xk)
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------
+
+
+class Qwen3Attention(nn.Module):
+    """Causal grouped-query self-attention with QK-norm and rotary embeddings (no biases).
+
+    Head counts are read from the projected shapes in ``forward``, so tensor parallelism may
+    shard ``wq``/``wk``/``wv`` column-wise and ``wo`` row-wise; the QK norms act on each head
+    separately and work on any subset of the heads (see ``qwen3/parallelize.py``).
+    """
+
+    def __init__(self, args: Qwen3ModelArgs) -> None:
+        super().__init__()
+        assert args.n_kv_heads is not None
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_kv_heads
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.q_norm = build_norm(args.norm_type, args.head_dim, args.norm_eps)
+        self.k_norm = build_norm(args.norm_type, args.head_dim, args.norm_eps)
+        self.sdpa = CausalAttention()
+
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+        bsz, seq_len, _ = x.shape
+        xq = self.wq(x).view(bsz, seq_len, -1, self.head_dim)
+        xk = self.wk(x).view(bsz, seq_len, -1, self.head_dim)
+        xv = self.wv(x).view(bsz, seq_len, -1, self.head_dim)
+        xq, xk = self.q_norm(xq), self.k_norm(xk)
+        xq, xk = apply_rotary_emb(xq, xk, rope_cache)
+
+        # [B, T, H, D] -> [B, H, T, D]; SDPA's default scale is head_dim ** -0.5, as in Qwen3
+        out = self.sdpa(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2))
+        out = out.transpose(1, 2).reshape(bsz, seq_len, -1)
+        return self.wo(out)
+
+    def init_weights(self, init_std: float) -> None:
+        """wq/wk/wv: truncated normal std 0.02; wo: the given (depth-scaled) std; QK norms: 1."""
+        for linear in (self.wq, self.wk, self.wv):
+            trunc_normal_(linear.weight, std=0.02)
+        trunc_normal_(self.wo.weight, std=init_std)
+        self.q_norm.reset_parameters()
+        self.k_norm.reset_parameters()
+
+
+class Qwen3Block(nn.Module):
+    """Pre-norm residual block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``."""
+
+    def __init__(self, layer_id: int, args: Qwen3ModelArgs) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_layers = args.n_layers
+        self.depth_init = args.depth_init
+        self.attention_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
+        self.attention = Qwen3Attention(args)
+        self.ffn_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope_cache)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    @property
+    def init_std(self) -> float:
+        """Std of the output-side projections (wo, w2)."""
+        if self.depth_init:
+            return 0.02 / math.sqrt(2 * (self.layer_id + 1))
+        return 0.02 / math.sqrt(2 * self.n_layers)
+
+    def init_weights(self) -> None:
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(self.init_std)
+        self.feed_forward.init_weights(self.init_std)
+
+
+class Qwen3Model(Decoder):
+    """Qwen3 decoder: token embedding, ``n_layers`` blocks, final RMSNorm, output projection
+    (tied to the embedding for the small flavors); the skeleton and init of
+    :class:`~torchtitan.models.common.decoder.Decoder`.
+
+    Weight init: wq/wk/wv/w1/w3 truncated normal std 0.02; wo/w2 std
+    ``0.02 / sqrt(2 * (layer_id + 1))`` (``depth_init``) or ``0.02 / sqrt(2 * n_layers)``; every
+    RMSNorm (QK norms included) to one.
+    """
+
+    def build_block(self, layer_id: int, args: Qwen3ModelArgs) -> nn.Module:
+        return Qwen3Block(layer_id, args)
+
+    def build_rope_cache(
+        self, args: Qwen3ModelArgs, device: torch.device | str | None = None
+    ) -> torch.Tensor:
+        return precompute_rope_cache(args, device=device)
+
+    def build_norm(self, args: Qwen3ModelArgs) -> nn.Module:
+        return build_norm(args.norm_type, args.dim, args.norm_eps)

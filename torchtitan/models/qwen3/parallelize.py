@@ -1,0 +1,59 @@
+"""Qwen3's tensor-parallel plan of one block; the rest of the parallelisms are generic."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import SequenceParallel
+
+from torchtitan.distributed.parallelize import parallelize_decoder
+from torchtitan.distributed.tensor_parallel import BlockStyles
+
+
+def block_plan(styles: BlockStyles) -> dict[str, Any]:
+    """Megatron-style, as for Llama: column-wise wq/wk/wv/w1/w3, row-wise wo/w2 (their outputs
+    reduce-scattered back to the sequence-sharded ``Shard(1)`` activations), sequence-parallel
+    block norms.
+
+    QK norms: after the column-wise ``wq``/``wk`` each TP rank holds whole heads (a plain local
+    ``[B, T, heads / tp, head_dim]`` tensor inside the attention), and each norm normalizes every
+    head by itself with one ``[head_dim]`` scale. They are therefore "sequence parallel" over the
+    head dimension: the weight becomes a replicated DTensor on the TP mesh (so FSDP x TP sees a
+    DTensor on that mesh like every other parameter), the local heads are wrapped as
+    ``Shard(2)`` of the full tensor, and the output goes back to a local tensor for the rotary
+    embedding and attention. The weight gradient of a rank covers its own heads only; DTensor
+    marks it ``Partial`` and all-reduces it over the TP ranks (what transformers' plan calls
+    ``replicated_with_grad_allreduce``). ``styles`` picks torchao's float8 style for float8
+    linears (``styles.block`` is the block).
+    """
+    head_sharded_norm = SequenceParallel(sequence_dim=2, use_local_output=True)
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": styles.prepare_input(
+            "attention",
+            ("wq", "wk", "wv"),
+            input_layouts=(Shard(1), None),
+            desired_input_layouts=(Replicate(), None),
+        ),
+        "attention.wq": styles.colwise("attention.wq"),
+        "attention.wk": styles.colwise("attention.wk"),
+        "attention.wv": styles.colwise("attention.wv"),
+        "attention.q_norm": head_sharded_norm,
+        "attention.k_norm": head_sharded_norm,
+        "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": styles.prepare_input(
+            "feed_forward",
+            ("w1", "w3"),
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+        ),
+        "feed_forward.w1": styles.colwise("feed_forward.w1"),
+        "feed_forward.w2": styles.rowwise("feed_forward.w2", output_layouts=Shard(1)),
+        "feed_forward.w3": styles.colwise("feed_forward.w3"),
+    }
+
+
+parallelize_qwen3 = partial(parallelize_decoder, block_plan=block_plan)
