@@ -29,8 +29,8 @@ def main() -> None:
 
     import torch
 
+    from torchtitan.checkpoint import read_model_weights
     from torchtitan.checkpoint.hf_files import write_folder
-    from torchtitan.checkpoint.manager import read_model_weights
     from torchtitan.train_spec import get_model_args, get_train_spec
 
     state = read_model_weights(a.checkpoint, progress=progress("read checkpoint"))

@@ -21,7 +21,7 @@ def main() -> None:
 
     import torch
 
-    from torchtitan.checkpoint.manager import read_model_weights
+    from torchtitan.checkpoint import read_model_weights
 
     state = read_model_weights(a.checkpoint, progress=progress("read checkpoint"))
     torch.save(state, a.out_file)

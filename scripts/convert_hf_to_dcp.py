@@ -11,8 +11,6 @@ Training can also read HF_DIR directly: ``--checkpoint.initial_load_in_hf``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 from _common import progress, run
 
@@ -25,13 +23,12 @@ def main() -> None:
 
     import torch.distributed.checkpoint as dcp
 
+    from torchtitan.checkpoint.folder import write_marker
     from torchtitan.checkpoint.hf_files import read_hf_model
-    from torchtitan.checkpoint.manager import MARKER
 
     _, _, state = read_hf_model(a.hf_dir, "HF_DIR", progress=progress("read safetensors"))
     dcp.save({"model": state}, checkpoint_id=a.out_dir, no_dist=True)
-    with open(os.path.join(a.out_dir, MARKER), "w") as f:
-        json.dump({"step": 0, "model_only": True, "world_size": 1}, f)
+    write_marker(a.out_dir, step=0, model_only=True, world_size=1)
     n = sum(t.numel() for t in state.values())
     print(f"wrote {a.out_dir}: {len(state)} tensors, {n:,} parameters")
 

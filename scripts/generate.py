@@ -33,7 +33,7 @@ def load_model(checkpoint: str, model: str, flavor: str | None):
 
         spec, args, state = read_hf_model(checkpoint, "--checkpoint")
     else:
-        from torchtitan.checkpoint.manager import read_model_weights
+        from torchtitan.checkpoint import read_model_weights
 
         if flavor is None:
             raise ConfigError("--flavor: needed for a DCP checkpoint (e.g. --flavor 8B)")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from launcher import launch, tensorboard_scalars_all_runs
 
-from torchtitan.checkpoint.manager import scan
+from torchtitan.checkpoint import scan
 
 # Warm-up up to the resume point and no decay: a 10-step and a 20-step run follow the same
 # schedule, and a resume that lost the LR-scheduler state would warm up again (other losses).
@@ -171,7 +171,8 @@ def test_checkpoint_metadata_cannot_run_code(tmp_path):
     """DCP's metadata is a pickle: only DCP's own metadata classes may be built from it."""
     import pickle
 
-    from torchtitan.checkpoint.manager import CheckpointError, _checkpoint_keys
+    from torchtitan.checkpoint import CheckpointError
+    from torchtitan.checkpoint.safe_read import _checkpoint_keys
 
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_Evil()))
     with pytest.raises(CheckpointError, match="is not allowed in checkpoint metadata"):
@@ -278,11 +279,11 @@ def test_seed_checkpoint_starts_a_run_of_another_layout(tmp_path):
 def test_seed_checkpoint_needs_one_process():
     from torchtitan.config_manager import parse_args
     from torchtitan.errors import ConfigError
-    from torchtitan.preflight import check
+    from torchtitan.job_plan import plan_job
 
     cfg = parse_args(["--checkpoint.enable", "--checkpoint.create_seed_checkpoint"])
     with pytest.raises(ConfigError, match="create_seed_checkpoint: runs on one process"):
-        check(cfg, world_size=2)
+        plan_job(cfg, world_size=2)
     with pytest.raises(ConfigError, match="needs checkpoint.enable = true"):
         parse_args(["--checkpoint.create_seed_checkpoint"])
 
@@ -295,7 +296,8 @@ class _EvilGetattr:
 def test_metadata_getattr_only_gives_enum_members(tmp_path):
     import pickle
 
-    from torchtitan.checkpoint.manager import CheckpointError, _checkpoint_keys
+    from torchtitan.checkpoint import CheckpointError
+    from torchtitan.checkpoint.safe_read import _checkpoint_keys
 
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_EvilGetattr()))
     with pytest.raises(CheckpointError, match="is not allowed in checkpoint metadata"):
@@ -316,7 +318,7 @@ def test_excluded_state_is_not_loaded(tmp_path, unbroken):
 
 @pytest.mark.slow
 def test_model_only_saves_are_exports_not_resume_points(tmp_path):
-    from torchtitan.checkpoint.manager import read_model_weights
+    from torchtitan.checkpoint import read_model_weights
 
     _train(tmp_path, 5, *ONE_PROCESS, "--checkpoint.every_save_model_only",
            "--checkpoint.export_dtype", "bfloat16")  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from launcher import launch
 
-from torchtitan.checkpoint.manager import scan
+from torchtitan.checkpoint import scan
 
 
 @pytest.mark.slow

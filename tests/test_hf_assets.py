@@ -348,7 +348,7 @@ def test_tokenizer_source_rule():
 
 
 def test_checkpoint_hf_load_source():
-    from torchtitan.checkpoint.manager import hf_load_source
+    from torchtitan.checkpoint import hf_load_source
     from torchtitan.config_manager import JobConfig
 
     cfg = JobConfig()

@@ -205,7 +205,7 @@ def _script(name: str, *args: str) -> str:
 
 @pytest.mark.slow
 def test_conversion_scripts_agree_with_each_other(tmp_path, trained):
-    from torchtitan.checkpoint.manager import read_model_weights
+    from torchtitan.checkpoint import read_model_weights
 
     weights = read_model_weights(str(trained / "step-4"))
     _script("convert_dcp_to_hf.py", str(trained / "step-4"), str(tmp_path / "hf"),

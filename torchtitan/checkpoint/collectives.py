@@ -1,0 +1,48 @@
+"""Collective helpers of the checkpoint code: the ranks agree on an error (all raise it or none
+does) instead of meeting at a barrier that a failed rank would never reach."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchtitan.checkpoint.errors import CheckpointError
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
+def _collective_device() -> torch.device:
+    """Where a tensor for the default group's collectives lives (NCCL: this rank's GPU)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _attempt(fn: Any) -> str | None:
+    """Run ``fn``; the one-line description of the OSError it raised, else None."""
+    try:
+        fn()
+    except OSError as e:
+        return f"Hugging Face export failed: {e}"
+    return None
+
+
+def _agree(error: str | None) -> None:
+    """A collective in place of a barrier: if any rank found ``error``, every rank raises it
+    (the first rank's), so that no rank goes on alone to a collective the others never reach."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        error = next((e for e in errors if e), None)
+    if error:
+        raise CheckpointError(error)
