@@ -24,10 +24,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from torchtitan.distributed.tensor_parallel import apply_tp
+from torchtitan.distributed.tensor_parallel import apply_tp, decoder_block_plan
 from torchtitan.models.llama.flavors import llama3_configs
 from torchtitan.models.llama.model import Transformer
-from torchtitan.models.llama.parallelize import block_plan
 
 VOCAB = 2256
 
@@ -88,7 +87,7 @@ def main() -> None:
     for variant in variants:
         norm_type, _, blocks = variant.partition("+")
         model = build(norm_type, state)
-        apply_tp(model, mesh, block_plan, loss_parallel=False, compiled_blocks=bool(blocks))
+        apply_tp(model, mesh, decoder_block_plan, loss_parallel=False, compiled_blocks=bool(blocks))
         if blocks:  # as parallelize_decoder does with compile.enable
             for block in model.layers.values():
                 block.compile(fullgraph=True)

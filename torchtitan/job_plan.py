@@ -130,12 +130,16 @@ def import_custom_module(name: str | None) -> None:
 
 
 def check_vocab(job_config: JobConfig, model_args: Any, n_words: int) -> int:
-    """The embedding's vocabulary size: the tokenizer's. A published flavor whose vocabulary
-    differs from the tokenizer's (a dropped tokenizer key picking up the test tokenizer, say) is
-    refused unless ``model.vocab_size_from_tokenizer`` says it is meant."""
+    """The embedding's vocabulary size: the tokenizer's, or a published flavor's own. A flavor's
+    table may be padded beyond its tokenizer (Qwen3: 151,936 rows for 151,669 tokens; the args'
+    ``tokenizer_vocab_size``): that tokenizer keeps the published size, so published weights
+    load. Any other tokenizer for a published flavor (a dropped tokenizer key picking up the test
+    tokenizer, say) is refused unless ``model.vocab_size_from_tokenizer`` says it is meant."""
     published = getattr(model_args, "vocab_size", -1)
     if published <= 0 or n_words == published or job_config.model.vocab_size_from_tokenizer:
         return n_words
+    if n_words == getattr(model_args, "tokenizer_vocab_size", None):
+        return published
     m = job_config.model
     path, key = m.tokenizer_source()
     raise ConfigError(

@@ -325,3 +325,19 @@ def test_registered_train_spec_and_debug_flavor():
     assert cut.ffn_hidden_dim() == args.hidden_dim
     model = Qwen3Model(cut)
     assert type(model.layers["0"].attention.q_norm).__name__ == "CompiledRMSNorm"
+
+
+def test_published_flavor_keeps_its_padded_table_for_its_own_tokenizer():
+    """Qwen3's 151,669-token tokenizer sizes the embedding at the published 151,936 rows (so the
+    published weights load); another tokenizer for a published flavor is still refused."""
+    from torchtitan.config_manager import parse_args
+    from torchtitan.errors import ConfigError
+    from torchtitan.job_plan import check_vocab
+
+    cfg = parse_args(["--model.name", "qwen3", "--model.flavor", "0.6B"], need_files=False)
+    args = qwen3_configs["0.6B"]
+    assert check_vocab(cfg, args, 151669) == 151936
+    assert check_vocab(cfg, args, 151936) == 151936
+    with pytest.raises(ConfigError, match="has 2,256 tokens, but qwen3 0.6B has a vocabulary"):
+        check_vocab(cfg, args, 2256)
+    assert check_vocab(cfg, qwen3_configs["debugmodel"], 2256) == 2256

@@ -128,3 +128,32 @@ class BlockStyles:
 def _materialize_async_output(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
     """The embedding's output, waited for before the compiled blocks (:func:`utils.waited`)."""
     return waited(output)
+
+
+def decoder_block_plan(styles: BlockStyles) -> dict[str, Any]:
+    """The plan of the shared ``TransformerBlock`` (``models/common/blocks.py``), Megatron-style: column-wise wq/wk/wv/w1/w3, row-wise wo/w2 (their outputs reduce-scattered
+    back to the sequence-sharded ``Shard(1)`` activations), sequence-parallel norms. ``styles``
+    picks torchao's float8 style for float8 linears (``styles.block`` is the block)."""
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": styles.prepare_input(
+            "attention",
+            ("wq", "wk", "wv"),
+            input_layouts=(Shard(1), None),
+            desired_input_layouts=(Replicate(), None),
+        ),
+        "attention.wq": styles.colwise("attention.wq"),
+        "attention.wk": styles.colwise("attention.wk"),
+        "attention.wv": styles.colwise("attention.wv"),
+        "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": styles.prepare_input(
+            "feed_forward",
+            ("w1", "w3"),
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+        ),
+        "feed_forward.w1": styles.colwise("feed_forward.w1"),
+        "feed_forward.w2": styles.rowwise("feed_forward.w2", output_layouts=Shard(1)),
+        "feed_forward.w3": styles.colwise("feed_forward.w3"),
+    }

@@ -1,12 +1,16 @@
-"""Blocks that several families share: truncated-normal init, causal attention, SwiGLU."""
+"""Blocks that several families share: truncated-normal init, causal attention, SwiGLU, the
+pre-norm transformer block."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from torchtitan.models.norms import build_norm
 
 
 @torch.no_grad()
@@ -66,3 +70,41 @@ class FeedForward(nn.Module):
         trunc_normal_(self.w1.weight, std=0.02)
         trunc_normal_(self.w3.weight, std=0.02)
         trunc_normal_(self.w2.weight, std=init_std)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``, with the
+    family's ``attention`` (called ``attention(x, rope_cache)``, with ``init_weights(std)``) and
+    a SwiGLU ``FeedForward`` of width ``hidden_dim``. ``args`` gives ``dim``, ``n_layers``,
+    ``norm_type``, ``norm_eps`` and ``depth_init``.
+
+    Output-side projections (wo, w2) start with std ``0.02 / sqrt(2 * (layer_id + 1))``
+    (``depth_init``) or ``0.02 / sqrt(2 * n_layers)``; the others 0.02; norms at one.
+    """
+
+    def __init__(self, layer_id: int, args: Any, attention: nn.Module, hidden_dim: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_layers = args.n_layers
+        self.depth_init = args.depth_init
+        self.attention_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
+        self.attention = attention
+        self.ffn_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, hidden_dim)
+
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope_cache)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    @property
+    def init_std(self) -> float:
+        """Std of the output-side projections (wo, w2)."""
+        if self.depth_init:
+            return 0.02 / math.sqrt(2 * (self.layer_id + 1))
+        return 0.02 / math.sqrt(2 * self.n_layers)
+
+    def init_weights(self) -> None:
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(self.init_std)
+        self.feed_forward.init_weights(self.init_std)

@@ -56,6 +56,31 @@ class HFStateDictAdapter:
     def args_from_hf_config(cls, config: dict) -> Any:
         raise NotImplementedError
 
+    def shared_config(
+        self, *, intermediate_size: int, dtype: torch.dtype, bos_id: int | None, eos_id: int | None
+    ) -> dict[str, Any]:
+        """The ``config.json`` keys every dense decoder family writes alike (a family adds its
+        ``architectures``, ``model_type`` and own keys)."""
+        args = self.args
+        return {
+            "hidden_size": args.dim,
+            "intermediate_size": intermediate_size,
+            "num_hidden_layers": args.n_layers,
+            "num_attention_heads": args.n_heads,
+            "num_key_value_heads": args.n_kv_heads,
+            "head_dim": args.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": args.norm_eps,
+            "rope_theta": args.rope_theta,
+            "max_position_embeddings": args.max_seq_len,
+            "vocab_size": args.vocab_size,
+            "tie_word_embeddings": args.tie_word_embeddings,
+            "attention_bias": False,
+            "torch_dtype": str(dtype).removeprefix("torch."),
+            "bos_token_id": bos_id,
+            "eos_token_id": eos_id,
+        }
+
     # ---- names
 
     def hf_name(self, name: str) -> str:

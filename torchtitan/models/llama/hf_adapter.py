@@ -67,23 +67,10 @@ class LlamaStateDictAdapter(HFStateDictAdapter):
         config: dict[str, Any] = {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
-            "hidden_size": args.dim,
-            "intermediate_size": args.ffn_hidden_dim(),
-            "num_hidden_layers": args.n_layers,
-            "num_attention_heads": args.n_heads,
-            "num_key_value_heads": args.n_kv_heads,
-            "head_dim": args.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": args.norm_eps,
-            "rope_theta": args.rope_theta,
-            "max_position_embeddings": args.max_seq_len,
-            "vocab_size": args.vocab_size,
-            "tie_word_embeddings": args.tie_word_embeddings,
-            "attention_bias": False,
+            **self.shared_config(
+                intermediate_size=args.ffn_hidden_dim(), dtype=dtype, bos_id=bos_id, eos_id=eos_id
+            ),
             "mlp_bias": False,
-            "torch_dtype": str(dtype).removeprefix("torch."),
-            "bos_token_id": bos_id,
-            "eos_token_id": eos_id,
         }
         if args.use_scaled_rope:
             config["rope_scaling"] = {

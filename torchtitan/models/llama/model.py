@@ -24,7 +24,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from torchtitan.models.common.blocks import CausalAttention, FeedForward, trunc_normal_
+from torchtitan.models.common.blocks import (
+    CausalAttention,
+    FeedForward,
+    TransformerBlock,
+    trunc_normal_,
+)
 from torchtitan.models.common.decoder import Decoder, get_nparams_and_flops
 from torchtitan.models.norms import NORM_TYPES, RMSNorm, build_norm
 
@@ -214,37 +219,6 @@ class Attention(nn.Module):
         trunc_normal_(self.wo.weight, std=init_std)
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm residual block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``."""
-
-    def __init__(self, layer_id: int, args: ModelArgs) -> None:
-        super().__init__()
-        self.layer_id = layer_id
-        self.n_layers = args.n_layers
-        self.depth_init = args.depth_init
-        self.attention_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
-        self.attention = Attention(args)
-        self.ffn_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim())
-
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope_cache)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-    @property
-    def init_std(self) -> float:
-        """Std of the output-side projections (wo, w2)."""
-        if self.depth_init:
-            return 0.02 / math.sqrt(2 * (self.layer_id + 1))
-        return 0.02 / math.sqrt(2 * self.n_layers)
-
-    def init_weights(self) -> None:
-        self.attention_norm.reset_parameters()
-        self.ffn_norm.reset_parameters()
-        self.attention.init_weights(self.init_std)
-        self.feed_forward.init_weights(self.init_std)
-
-
 class Transformer(Decoder):
     """Llama decoder: token embedding, ``n_layers`` blocks, final RMSNorm, output projection
     (the shared skeleton and init of :class:`~torchtitan.models.common.decoder.Decoder`).
@@ -254,7 +228,7 @@ class Transformer(Decoder):
     """
 
     def build_block(self, layer_id: int, args: ModelArgs) -> nn.Module:
-        return TransformerBlock(layer_id, args)
+        return TransformerBlock(layer_id, args, Attention(args), args.ffn_hidden_dim())
 
     def build_rope_cache(
         self, args: ModelArgs, device: torch.device | str | None = None

@@ -22,13 +22,16 @@ before changing it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torchtitan.models.qwen3.model import Qwen3ModelArgs
 
-__all__ = ["qwen3_configs", "QWEN3_VOCAB_SIZE"]
+__all__ = ["qwen3_configs", "QWEN3_VOCAB_SIZE", "QWEN3_TOKENIZER_SIZE"]
 
 # Embedding rows; the byte-level BPE tokenizer itself has 151,669 tokens (technical report,
 # section 2), the table is padded beyond that.
 QWEN3_VOCAB_SIZE = 151936
+QWEN3_TOKENIZER_SIZE = 151669
 
 
 def _published(
@@ -43,6 +46,7 @@ def _published(
         head_dim=128,
         hidden_dim=hidden_dim,
         vocab_size=QWEN3_VOCAB_SIZE,
+        tokenizer_vocab_size=QWEN3_TOKENIZER_SIZE,
         norm_eps=1e-6,
         rope_theta=1_000_000.0,
         max_seq_len=40960,
@@ -66,21 +70,6 @@ qwen3_configs: dict[str, Qwen3ModelArgs] = {
         max_seq_len=2048,
         tie_word_embeddings=True,
     ),
-    # The same, untied like 8B and larger: what pipeline parallel can split (it refuses tied
-    # input and output embeddings, which would have to live on one rank).
-    "debugmodel_untied": Qwen3ModelArgs(
-        dim=256,
-        n_layers=6,
-        n_heads=16,
-        n_kv_heads=8,
-        head_dim=32,
-        hidden_dim=768,
-        vocab_size=-1,
-        norm_eps=1e-6,
-        rope_theta=1_000_000.0,
-        max_seq_len=2048,
-        tie_word_embeddings=False,
-    ),
     "0.6B": _published(dim=1024, n_layers=28, n_heads=16, hidden_dim=3072, tied=True),
     "1.7B": _published(dim=2048, n_layers=28, n_heads=16, hidden_dim=6144, tied=True),
     "4B": _published(dim=2560, n_layers=36, n_heads=32, hidden_dim=9728, tied=True),
@@ -88,3 +77,6 @@ qwen3_configs: dict[str, Qwen3ModelArgs] = {
     "14B": _published(dim=5120, n_layers=40, n_heads=40, hidden_dim=17408, tied=False),
     "32B": _published(dim=5120, n_layers=64, n_heads=64, hidden_dim=25600, tied=False),
 }
+# The same, untied like 8B and larger: what pipeline parallel can split (it refuses tied input
+# and output embeddings, which would have to live on one rank).
+qwen3_configs["debugmodel_untied"] = replace(qwen3_configs["debugmodel"], tie_word_embeddings=False)

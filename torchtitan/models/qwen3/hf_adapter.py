@@ -44,29 +44,16 @@ class Qwen3StateDictAdapter(HFStateDictAdapter):
         return {
             "architectures": ["Qwen3ForCausalLM"],
             "model_type": "qwen3",
-            "hidden_size": args.dim,
-            "intermediate_size": args.hidden_dim,
-            "num_hidden_layers": args.n_layers,
-            "num_attention_heads": args.n_heads,
-            "num_key_value_heads": args.n_kv_heads,
-            "head_dim": args.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": args.norm_eps,
-            "rope_theta": args.rope_theta,
+            **self.shared_config(
+                intermediate_size=args.hidden_dim, dtype=dtype, bos_id=bos_id, eos_id=eos_id
+            ),
             "rope_scaling": None,
-            "max_position_embeddings": args.max_seq_len,
-            "vocab_size": args.vocab_size,
-            "tie_word_embeddings": args.tie_word_embeddings,
-            "attention_bias": False,
             "attention_dropout": 0.0,
             "use_sliding_window": False,
             "sliding_window": None,
             "max_window_layers": args.n_layers,
             "initializer_range": 0.02,
             "use_cache": True,
-            "torch_dtype": str(dtype).removeprefix("torch."),
-            "bos_token_id": bos_id,
-            "eos_token_id": eos_id,
         }
 
     @classmethod

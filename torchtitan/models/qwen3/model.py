@@ -26,20 +26,18 @@ Intended construction (the parallelisms may be applied between the steps)::
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from torchtitan.models.common.blocks import CausalAttention, FeedForward, trunc_normal_
+from torchtitan.models.common.blocks import CausalAttention, TransformerBlock, trunc_normal_
 from torchtitan.models.common.decoder import Decoder, get_nparams_and_flops
 from torchtitan.models.norms import NORM_TYPES, build_norm
 
 __all__ = [
     "Qwen3ModelArgs",
     "Qwen3Attention",
-    "Qwen3Block",
     "Qwen3Model",
     "rope_inv_freqs",
     "precompute_rope_cache",
@@ -59,6 +57,9 @@ class Qwen3ModelArgs:
     head_dim: int = 128  # head_dim (independent of dim / n_heads)
     hidden_dim: int = 12288  # intermediate_size: SwiGLU width
     vocab_size: int = -1  # vocab_size; -1: set from the tokenizer at build time
+    # the tokens of the flavor's own tokenizer when the embedding table is padded beyond them
+    # (not an architecture setting: not in config.json, not compared)
+    tokenizer_vocab_size: int | None = field(default=None, compare=False)
     norm_eps: float = 1e-6  # rms_norm_eps (every RMSNorm, the QK norms included)
     rope_theta: float = 1_000_000.0  # rope_theta
     max_seq_len: int = 4096  # length of the precomputed rotary table
@@ -179,37 +180,6 @@ class Qwen3Attention(nn.Module):
         self.k_norm.reset_parameters()
 
 
-class Qwen3Block(nn.Module):
-    """Pre-norm residual block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``."""
-
-    def __init__(self, layer_id: int, args: Qwen3ModelArgs) -> None:
-        super().__init__()
-        self.layer_id = layer_id
-        self.n_layers = args.n_layers
-        self.depth_init = args.depth_init
-        self.attention_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
-        self.attention = Qwen3Attention(args)
-        self.ffn_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
-
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope_cache)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-    @property
-    def init_std(self) -> float:
-        """Std of the output-side projections (wo, w2)."""
-        if self.depth_init:
-            return 0.02 / math.sqrt(2 * (self.layer_id + 1))
-        return 0.02 / math.sqrt(2 * self.n_layers)
-
-    def init_weights(self) -> None:
-        self.attention_norm.reset_parameters()
-        self.ffn_norm.reset_parameters()
-        self.attention.init_weights(self.init_std)
-        self.feed_forward.init_weights(self.init_std)
-
-
 class Qwen3Model(Decoder):
     """Qwen3 decoder: token embedding, ``n_layers`` blocks, final RMSNorm, output projection
     (tied to the embedding for the small flavors); the skeleton and init of
@@ -221,7 +191,7 @@ class Qwen3Model(Decoder):
     """
 
     def build_block(self, layer_id: int, args: Qwen3ModelArgs) -> nn.Module:
-        return Qwen3Block(layer_id, args)
+        return TransformerBlock(layer_id, args, Qwen3Attention(args), args.hidden_dim)
 
     def build_rope_cache(
         self, args: Qwen3ModelArgs, device: torch.device | str | None = None

@@ -5,17 +5,14 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import SequenceParallel
 
 from torchtitan.distributed.parallelize import parallelize_decoder
-from torchtitan.distributed.tensor_parallel import BlockStyles
+from torchtitan.distributed.tensor_parallel import BlockStyles, decoder_block_plan
 
 
 def block_plan(styles: BlockStyles) -> dict[str, Any]:
-    """Megatron-style, as for Llama: column-wise wq/wk/wv/w1/w3, row-wise wo/w2 (their outputs
-    reduce-scattered back to the sequence-sharded ``Shard(1)`` activations), sequence-parallel
-    block norms.
+    """The shared decoder block plan (Megatron-style, as for Llama) plus the QK norms.
 
     QK norms: after the column-wise ``wq``/``wk`` each TP rank holds whole heads (a plain local
     ``[B, T, heads / tp, head_dim]`` tensor inside the attention), and each norm normalizes every
@@ -30,29 +27,9 @@ def block_plan(styles: BlockStyles) -> dict[str, Any]:
     """
     head_sharded_norm = SequenceParallel(sequence_dim=2, use_local_output=True)
     return {
-        "attention_norm": SequenceParallel(),
-        "attention": styles.prepare_input(
-            "attention",
-            ("wq", "wk", "wv"),
-            input_layouts=(Shard(1), None),
-            desired_input_layouts=(Replicate(), None),
-        ),
-        "attention.wq": styles.colwise("attention.wq"),
-        "attention.wk": styles.colwise("attention.wk"),
-        "attention.wv": styles.colwise("attention.wv"),
+        **decoder_block_plan(styles),
         "attention.q_norm": head_sharded_norm,
         "attention.k_norm": head_sharded_norm,
-        "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),
-        "ffn_norm": SequenceParallel(),
-        "feed_forward": styles.prepare_input(
-            "feed_forward",
-            ("w1", "w3"),
-            input_layouts=(Shard(1),),
-            desired_input_layouts=(Replicate(),),
-        ),
-        "feed_forward.w1": styles.colwise("feed_forward.w1"),
-        "feed_forward.w2": styles.rowwise("feed_forward.w2", output_layouts=Shard(1)),
-        "feed_forward.w3": styles.colwise("feed_forward.w3"),
     }
 
 
