@@ -352,6 +352,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _caveats(args, rows: list[dict], bpe: Path | None) -> list[str]:
+    """What the numbers do and do not say, printed under the table."""
+    small = {r["tokenizer"]: r["tokenizer_words"] for r in rows if r["tokenizer_words"] < 100_000}
+    notes = [
+        f"{path} has {words:,} words; the Llama 3 tokenizer is a 128,256-word tiktoken BPE, "
+        "whose speed per token differs: measure it with --tokenizer <original/tokenizer.model>, "
+        "or a locally trained BPE of that size with --bpe-vocab 128000"
+        for path, words in small.items()
+    ]
+    if bpe is not None:
+        notes.append(
+            f"local BPE: {bpe} (trained on {args.bpe_train_mb} MB of site-packages .py files with "
+            "the Llama 3 pre-tokenizer); real Llama 3 merges differ, so its chars/token and "
+            "speed are an approximation"
+        )
+    notes.append(
+        "tokens/s count only the timed batches (batches x local batch x seq_len); the first batch "
+        "and prep time (building the loader: corpus and Arrow cache, shards) are shown apart"
+    )
+    return notes
+
+
+def _result(args, rows: list[dict], core: int, torch_version: str, caveats: list[str]) -> dict:
+    return {
+        "benchmark": "dataloader_throughput",
+        "date": date.today().isoformat(),
+        "host": {
+            "cpu_model": cpu_model(),
+            "cpus": os.cpu_count(),
+            "core": core,
+            "threads_pinned": threads_pinned(core),
+            "python": platform.python_version(),
+            "torch": torch_version,
+        },
+        "config": {
+            "dataset": args.dataset,
+            "dataset_path": args.dataset_path,
+            "streaming": args.streaming,
+            "local_batch_size": args.local_batch_size,
+            "seq_len": args.seq_len,
+            "global_batch_size": args.global_batch_size,
+            "dp_world_size": args.dp_world_size,
+            "dp_ranks": args.dp_ranks,
+            "batches": args.batches,
+            "cold": args.cold,
+        },
+        "target": {
+            "gpu_tokens_per_s": GPU_TOKENS_PER_S,
+            "required_headroom": REQUIRED_HEADROOM,
+            "flops_per_token": FLOPS_PER_TOKEN,
+            "derivation": TARGET_DERIVATION,
+        },
+        "rows": rows,
+        "pass": all(r["pass"] for r in rows),
+        "caveats": caveats,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -392,56 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         if cold_dir is not None:
             cold_dir.cleanup()
 
-    small = {r["tokenizer"]: r["tokenizer_words"] for r in rows if r["tokenizer_words"] < 100_000}
-    notes = [
-        f"{path} has {words:,} words; the Llama 3 tokenizer is a 128,256-word tiktoken BPE, "
-        "whose speed per token differs: measure it with --tokenizer <original/tokenizer.model>, "
-        "or a locally trained BPE of that size with --bpe-vocab 128000"
-        for path, words in small.items()
-    ]
-    if bpe is not None:
-        notes.append(
-            f"local BPE: {bpe} (trained on {args.bpe_train_mb} MB of site-packages .py files with "
-            "the Llama 3 pre-tokenizer); real Llama 3 merges differ, so its chars/token and "
-            "speed are an approximation"
-        )
-    notes.append(
-        "tokens/s count only the timed batches (batches x local batch x seq_len); the first batch "
-        "and prep time (building the loader: corpus and Arrow cache, shards) are shown apart"
-    )
-    result = {
-        "benchmark": "dataloader_throughput",
-        "date": date.today().isoformat(),
-        "host": {
-            "cpu_model": cpu_model(),
-            "cpus": os.cpu_count(),
-            "core": core,
-            "threads_pinned": threads_pinned(core),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-        },
-        "config": {
-            "dataset": args.dataset,
-            "dataset_path": args.dataset_path,
-            "streaming": args.streaming,
-            "local_batch_size": args.local_batch_size,
-            "seq_len": args.seq_len,
-            "global_batch_size": args.global_batch_size,
-            "dp_world_size": args.dp_world_size,
-            "dp_ranks": args.dp_ranks,
-            "batches": args.batches,
-            "cold": args.cold,
-        },
-        "target": {
-            "gpu_tokens_per_s": GPU_TOKENS_PER_S,
-            "required_headroom": REQUIRED_HEADROOM,
-            "flops_per_token": FLOPS_PER_TOKEN,
-            "derivation": TARGET_DERIVATION,
-        },
-        "rows": rows,
-        "pass": all(r["pass"] for r in rows),
-        "caveats": notes,
-    }
+    result = _result(args, rows, core, torch.__version__, _caveats(args, rows, bpe))
     if args.json:
         print(json.dumps(result, indent=2))
     else:

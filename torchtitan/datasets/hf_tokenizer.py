@@ -50,6 +50,18 @@ def byte_to_unicode() -> dict[int, str]:
     return table
 
 
+def _merges(ranks: dict[bytes, int], text: Any) -> list[str]:
+    """BPE merges ``"left right"`` for every split of a token into two tokens, by rank."""
+    merges: list[tuple[int, str]] = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in ranks and right in ranks:
+                merges.append((rank, f"{text(left)} {text(right)}"))
+    merges.sort(key=lambda m: m[0])  # stable: splits of one token keep their order
+    return [m for _, m in merges]
+
+
 def _tiktoken_json(tok: TikTokenizer) -> dict[str, Any]:
     from tiktoken.load import load_tiktoken_bpe
 
@@ -59,13 +71,6 @@ def _tiktoken_json(tok: TikTokenizer) -> dict[str, Any]:
     def text(token: bytes) -> str:
         return "".join(to_str[b] for b in token)
 
-    merges: list[tuple[int, str]] = []
-    for token, rank in ranks.items():
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in ranks and right in ranks:
-                merges.append((rank, f"{text(left)} {text(right)}"))
-    merges.sort(key=lambda m: m[0])  # stable: splits of one token keep their order
     bos = "<|begin_of_text|>"
     specials = tok.special_tokens
     return {
@@ -132,7 +137,7 @@ def _tiktoken_json(tok: TikTokenizer) -> dict[str, Any]:
             "byte_fallback": False,
             "ignore_merges": True,  # a piece that is a token is that token, as in tiktoken
             "vocab": {text(t): r for t, r in ranks.items()},
-            "merges": [m for _, m in merges],
+            "merges": _merges(ranks, text),
         },
     }
 
