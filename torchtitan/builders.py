@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from torchtitan import runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState
+from torchtitan.checkpoint.hf_exchange import HFExchange
 from torchtitan.config_manager import JobConfig
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.loss_parallel import build_loss_fn
@@ -259,9 +260,11 @@ def build_checkpointer(
         rank=rt.rank,
         world_size=rt.world_size,
         model_args=model.args,
-        tokenizer=tokenizer,
-        hf_adapter=rt.spec.state_dict_adapter,
-        export_tokenizer=rt.spec.export_tokenizer_fn,
-        pp_rank=rt.dims.pp_rank,
-        pp_degree=rt.dims.pp,
+        hf=HFExchange(
+            adapter=rt.spec.state_dict_adapter,
+            tokenizer=tokenizer,
+            export_tokenizer=rt.spec.export_tokenizer_fn,
+            pp_rank=rt.dims.pp_rank,
+            pp_degree=rt.dims.pp,
+        ),
     )

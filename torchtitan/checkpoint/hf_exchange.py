@@ -81,6 +81,19 @@ def load_hf(
 
 
 @dataclass(frozen=True)
+class HFExchange:
+    """What a Hugging Face export or import needs besides the model: the family's adapter class
+    and tokenizer-file writer (from its train spec, None where it has none), the tokenizer, and
+    this rank's pipeline stage."""
+
+    adapter: Any = None
+    tokenizer: Any = None
+    export_tokenizer: Any = None
+    pp_rank: int = 0
+    pp_degree: int = 1
+
+
+@dataclass(frozen=True)
 class ExportRanks:
     """Who writes what in an export: the first rank of each pipeline stage writes its stage's
     weights (the mesh puts pp outermost), rank 0 the config, tokenizer and index."""

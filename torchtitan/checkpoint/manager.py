@@ -49,7 +49,13 @@ from torchtitan.checkpoint.folder import (
     to_purge,
     write_marker,
 )
-from torchtitan.checkpoint.hf_exchange import ExportRanks, export_hf, hf_load_source, load_hf
+from torchtitan.checkpoint.hf_exchange import (
+    ExportRanks,
+    HFExchange,
+    export_hf,
+    hf_load_source,
+    load_hf,
+)
 from torchtitan.checkpoint.safe_read import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -95,11 +101,7 @@ class CheckpointManager:
         rank: int,
         world_size: int,
         model_args: Any = None,
-        tokenizer: Any = None,
-        hf_adapter: Any = None,
-        export_tokenizer: Any = None,
-        pp_rank: int = 0,
-        pp_degree: int = 1,
+        hf: HFExchange | None = None,
     ) -> None:
         self.cfg = job_config.checkpoint
         self.enabled = self.cfg.enable
@@ -108,15 +110,14 @@ class CheckpointManager:
         self.rank, self.world_size = rank, world_size
         self.train_state = train_state
         self.model_parts = model_parts
-        self.model_args, self.tokenizer = model_args, tokenizer
-        # the family's HFStateDictAdapter class and tokenizer-file writer (from its train spec)
-        self.hf_adapter, self.export_tokenizer = hf_adapter, export_tokenizer
+        self.model_args = model_args
+        self.hf = hf or HFExchange()
         # initial_load_in_hf reads checkpoint.initial_load_path, else the model.hf_assets_path
         # folder: (folder, the key it came from), None if neither is set
         self.hf_load_path = hf_load_source(job_config)
         # who writes what in a Hugging Face export: the first rank of each pipeline stage its
         # stage's weights (the mesh puts pp outermost), rank 0 the rest
-        self.export_ranks = ExportRanks(rank, world_size, pp_rank, pp_degree)
+        self.export_ranks = ExportRanks(rank, world_size, self.hf.pp_rank, self.hf.pp_degree)
         self.async_mode = self.cfg.async_mode if self.enabled else "disabled"
         self._pending: _PendingSave | None = None
         self._last_save_time = (
@@ -333,7 +334,7 @@ class CheckpointManager:
             load_hf(
                 *self.hf_load_path,
                 model_parts=self.model_parts,
-                hf_adapter=self.hf_adapter,
+                hf_adapter=self.hf.adapter,
                 model_args=self.model_args,
                 train_state=self.train_state,
             )
@@ -425,10 +426,10 @@ class CheckpointManager:
         return export_hf(
             os.path.join(self.folder, f"step-{step}-hf"),
             model_parts=self.model_parts,
-            hf_adapter=self.hf_adapter,
+            hf_adapter=self.hf.adapter,
             model_args=self.model_args,
             export_dtype=self.cfg.export_dtype,
-            tokenizer=self.tokenizer,
-            export_tokenizer=self.export_tokenizer,
+            tokenizer=self.hf.tokenizer,
+            export_tokenizer=self.hf.export_tokenizer,
             ranks=self.export_ranks,
         )
