@@ -29,7 +29,7 @@ def main() -> None:
     _, _, state = read_hf_model(a.hf_dir, "HF_DIR", progress=progress("read safetensors"))
     dcp.save({"model": state}, checkpoint_id=a.out_dir, no_dist=True)
     write_marker(a.out_dir, step=0, model_only=True, world_size=1)
-    n = sum(t.numel() for t in state.values())
+    n = sum(t.numel() for t in {id(t): t for t in state.values()}.values())  # tied: once
     print(f"wrote {a.out_dir}: {len(state)} tensors, {n:,} parameters")
 
 

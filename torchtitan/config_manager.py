@@ -71,7 +71,7 @@ class Job:
 
 @dataclass
 class Model:
-    name: str = opt("llama3", "Model family in the train-spec registry (llama2, llama3)")
+    name: str = opt("llama3", "Model family in the train-spec registry (llama2, llama3, qwen3)")
     flavor: str = opt("debugmodel", "Model size within the family (debugmodel, 8B, 70B, ...)")
     n_layers: int = opt(
         0,

@@ -51,9 +51,13 @@ def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) 
     problems = Problems()
     with problems.collect():
         plan_job(job_config, world_size, device_type)
-    with problems.collect():
+    try:  # the family and flavor resolve (else plan_job has reported why)
         spec = get_train_spec(job_config.model.name)
         model_args = resolve_model_args(job_config)
+    except ConfigError:
+        problems.raise_if_any()
+        raise
+    with problems.collect():
         path, key = job_config.model.tokenizer_source()
         try:
             if os.path.exists(path):  # a missing one is reported by the config's file checks
