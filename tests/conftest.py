@@ -1,9 +1,17 @@
-"""Fixtures shared by several test files."""
+"""Fixtures shared by several test files.
+
+The tiers: tests/unit (no processes), tests/e2e (real processes: training runs, torchrun, scripts),
+tests/ops (Slurm, network namespaces, the container image, deploy files). Their shared helpers are
+in tests/helpers, on the path of every run (``pythonpath`` in pyproject.toml)."""
 
 from __future__ import annotations
 
 import pytest
-from launcher import FOUR_WORKER_ARGS, launch, tensorboard_scalars
+
+# Helpers whose checks are asserts: pytest's detailed assertion messages there as in a test file.
+pytest.register_assert_rewrite("download_scripts", "norm_checks")
+
+from launcher import FOUR_WORKER_ARGS, launch, tensorboard_scalars  # noqa: E402
 
 
 @pytest.fixture(scope="session")

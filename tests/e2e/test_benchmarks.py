@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from launcher import train_env
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--training.local_batch_size", "2", "--training.seq_len", "64"]
 
 

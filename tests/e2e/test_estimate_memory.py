@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from launcher import train_env
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 RUN = ["--job.config_file", "train_configs/debug_model.toml", "--training.steps", "2",
        "--metrics.enable_tensorboard", "false", "--training.local_batch_size", "8",
        "--training.seq_len", "1024"]  # fmt: skip
@@ -32,7 +31,7 @@ def _measure(tmp_path, *args: str) -> float:
     # activations in the heap: ~1 GiB more here, allocator behaviour rather than training memory).
     env = train_env(tmp_path, MALLOC_MMAP_THRESHOLD_="65536")
     out = subprocess.run(
-        [sys.executable, "tests/memory_worker.py", *args, "--job.dump_folder", str(tmp_path / "o")],
+        [sys.executable, "tests/helpers/memory_worker.py", *args, "--job.dump_folder", str(tmp_path / "o")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]

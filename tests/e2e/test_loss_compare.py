@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher import ROOT
+from repo_paths import ROOT
 from torch.utils.tensorboard import SummaryWriter
 
 SCRIPT = str(ROOT / "scripts" / "loss_compare.py")

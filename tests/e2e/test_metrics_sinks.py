@@ -1,5 +1,6 @@
 """Where the metrics go: Weights & Biases (offline) next to TensorBoard, and every rank's own
-metrics with metrics.save_for_all_ranks."""
+metrics with metrics.save_for_all_ranks. (The config check is in
+tests/unit/test_metrics_sinks.py.)"""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from pathlib import Path
 import pytest
 from launcher import launch
 
-from torchtitan.config_manager import parse_args
-from torchtitan.errors import ConfigError
 from torchtitan.tb_events import read_scalars
 
 SHORT = ["--training.steps", "3", "--training.seq_len", "64", "--training.local_batch_size", "2",
@@ -85,16 +84,3 @@ def test_every_rank_writes_its_own_tensorboard_run(tmp_path):
     assert "step: 3 " in logs[0] and "step: " not in logs[1]
     assert all("world_size=2" in log and "Parameters on this rank" in log for log in logs)
     assert "[rank1]" not in out.stdout
-
-
-def test_wandb_missing_is_a_config_error(monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a)
-    )
-    with pytest.raises(
-        ConfigError, match="metrics.enable_wandb: the wandb package is not installed"
-    ):
-        parse_args(["--metrics.enable_wandb"])

@@ -1,4 +1,5 @@
-"""Profiler traces per rank on the schedule, and the CPU message for memory snapshots."""
+"""Profiler traces per rank on the schedule, and the CPU message for memory snapshots (the
+schedule's config check is in tests/unit/test_profiling.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,6 @@ import json
 
 import pytest
 from launcher import launch
-
-from torchtitan.config_manager import parse_args
-from torchtitan.errors import ConfigError
 
 
 @pytest.mark.slow
@@ -30,10 +28,3 @@ def test_traces_are_written_per_rank_on_the_schedule(tmp_path):
         assert sum(n.startswith("ProfilerStep#") for n in names) == 1, path
         assert "aten::mm" in names and "gloo:all_gather" in names, path
     assert not (tmp_path / "out" / "memory_snapshot").exists()
-
-
-def test_warmup_and_active_steps_must_fit_the_frequency():
-    with pytest.raises(ConfigError, match=r"profiling.profiler_warmup \(default\): profiler_warmup \+ "
-                       r"profiler_active \(3 \+ 1\) "
-                       r"must be <= profiling.profile_freq \(2\)"):  # fmt: skip
-        parse_args(["--profiling.enable_profiling", "--profiling.profile_freq", "2"])

@@ -16,11 +16,13 @@ The QK-norm gradients are also compared directly under TP 2
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
-from launcher import ROOT, launch, tensorboard_scalars, train_env
+from launcher import launch, tensorboard_scalars, train_env
+from repo_paths import HELPERS, ROOT
 
 STEPS = 8
 COMMON = [
@@ -107,7 +109,9 @@ def test_qk_norm_gradients_under_tensor_parallel(tmp_path, norm_type):
     result = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            __file__, norm_type, str(result)]  # fmt: skip
-    env = train_env(tmp_path, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    # this file runs as a script: the helpers it imports at the top come through PYTHONPATH
+    pythonpath = os.pathsep.join([str(ROOT), str(HELPERS)])
+    env = train_env(tmp_path, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     r = json.loads(result.read_text())

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher import ROOT, console_losses, launch, tensorboard_run
+from launcher import console_losses, launch, tensorboard_run
+from repo_paths import ROOT, SENTENCEPIECE_PATH
 
 
 @pytest.mark.slow
@@ -191,7 +192,7 @@ def test_print_config_and_unset_seed_is_drawn_and_logged(tmp_path):
 
 @pytest.mark.slow
 def test_llama2_with_sentencepiece_tokenizer_trains(tmp_path):
-    tok = str(ROOT / "tests" / "assets" / "tokenizer" / "sentencepiece.model")
+    tok = str(SENTENCEPIECE_PATH)
     out = _train_py(
         tmp_path, "--model.name", "llama2", "--model.tokenizer_path", tok, "--training.steps", "3"
     )

@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher import ROOT, console_losses, launch
+from launcher import console_losses, launch
+from repo_paths import ROOT, SENTENCEPIECE_PATH, TOKENIZER, UPSTREAM
 
-UPSTREAM = ROOT / "tests" / "assets" / "upstream_configs"
-TOKENIZER = str(ROOT / "tests" / "assets" / "tokenizer" / "tiktoken.model")
-SENTENCEPIECE = str(ROOT / "tests" / "assets" / "tokenizer" / "sentencepiece.model")
+SENTENCEPIECE = str(SENTENCEPIECE_PATH)
 DEBUG_SIZE = [
     "--model.flavor", "debugmodel",
     "--training.dataset", "python_docs",

@@ -1,5 +1,6 @@
 """Validation loss and perplexity: the same numbers under FSDP and PP as in one process, a
-whole-dataset pass that ends together on every rank, and the one-line config errors."""
+whole-dataset pass that ends together on every rank. (The one-line config errors are in
+tests/unit/test_validation.py.)"""
 
 from __future__ import annotations
 
@@ -8,10 +9,6 @@ import math
 
 import pytest
 from launcher import launch, tensorboard_scalars
-
-from torchtitan.config_manager import parse_args
-from torchtitan.errors import ConfigError
-from torchtitan.job_plan import plan_job
 
 COMMON = ["--training.steps", "4", "--training.seq_len", "64", "--training.global_batch_size", "4",
           "--debug.seed", "42", "--debug.deterministic", "--metrics.enable_tensorboard",
@@ -66,18 +63,3 @@ def test_a_whole_dataset_pass_ends_together_on_every_rank(tmp_path):
     assert len(lines) == 2 and all("batches per rank" in line for line in lines), lines
     counts = {line.split("(")[1].split()[0] for line in lines}
     assert len(counts) == 1 and int(counts.pop()) >= 1  # the same whole pass both times
-
-
-def test_validation_shape_errors_name_the_key():
-    cfg = parse_args(["--validation.enable", "--validation.dataset", "python_docs",
-                      "--validation.seq_len", "4096"])  # fmt: skip
-    with pytest.raises(ConfigError, match=r"validation.seq_len: 4096 is longer than training"):
-        plan_job(cfg, world_size=1)
-    cfg = parse_args(["--validation.enable", "--validation.dataset", "python_docs",
-                      "--parallelism.pipeline_parallel_degree", "2",
-                      "--validation.local_batch_size", "3"])  # fmt: skip
-    with pytest.raises(ConfigError, match=r"with pp=2 validation batches must have the training"):
-        plan_job(cfg, world_size=2)
-    cfg = parse_args(["--validation.enable", "--validation.dataset", "c7"])
-    with pytest.raises(ConfigError, match=r"^command line: --validation.dataset: unknown dataset"):
-        plan_job(cfg, world_size=1)

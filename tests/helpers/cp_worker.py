@@ -1,4 +1,4 @@
-"""Run by tests/test_context_parallel.py under torchrun: CPU processes over gloo, or with
+"""Run by tests/e2e/test_context_parallel.py under torchrun: CPU processes over gloo, or with
 ``--cuda`` one process per GPU over NCCL (one GPU is enough: a single rank still holds two
 chunks, so the merge of a causal and a full block runs on the GPU kernels).
 

@@ -1,4 +1,4 @@
-"""Shared by the end-to-end tests: start ``run_llama_train.sh`` for real and read what it logged."""
+"""Shared by the e2e and ops tests: start ``run_llama_train.sh`` for real, read what it logged."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from repo_paths import ROOT
+
 # A short FSDP-4 training that the launching tests run on one host and spread over two.
 FOUR_WORKER_ARGS = [
     "--training.steps", "4",

@@ -1,6 +1,6 @@
 """Measure what a real training run adds to this process's peak memory (CPU, one process).
 
-    python tests/memory_worker.py [train.py arguments]
+    python tests/helpers/memory_worker.py [train.py arguments]
 
 Prints one JSON line: ``{"peak_above_start_gib": ...}``, the peak resident set size during
 ``train.main`` minus the resident set size just before it, with the libraries a run uses imported
@@ -13,7 +13,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the checkout's root (train.py, torchtitan), two folders up from tests/helpers/
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import datasets  # noqa: E402,F401  (imported before the baseline: code pages are not training memory)
 import tiktoken  # noqa: E402,F401

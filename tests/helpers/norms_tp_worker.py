@@ -1,4 +1,4 @@
-"""Run by tests/test_norms.py under torchrun: 2 CPU processes over gloo, tensor parallel 2.
+"""Run by tests/e2e/test_norms.py under torchrun: 2 CPU processes over gloo, tensor parallel 2.
 
 Every rank builds a 2-layer debug model with the same weights (norm scales perturbed away from
 one so that their gradients matter) and runs one forward and backward: once without parallelism

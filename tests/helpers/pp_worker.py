@@ -1,4 +1,4 @@
-"""Run by tests/test_pipeline.py under torchrun (CPU processes, gloo), one process per stage rank.
+"""Run by tests/e2e/test_pipeline.py under torchrun (CPU processes, gloo), one process per stage rank.
 
 For every schedule named on the command line (default: all), one training step of a tiny Llama
 split into pipeline stages, with two gradient-accumulation micro-steps, must give the unsplit

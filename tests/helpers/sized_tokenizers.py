@@ -11,8 +11,8 @@ import base64
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-ASSETS = ROOT / "tests" / "assets" / "tokenizer"
+from repo_paths import TOKENIZER_ASSETS as ASSETS
+
 LLAMA3_VOCAB, LLAMA2_VOCAB = 128_256, 32_000
 
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
+from repo_paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 RENDER = ROOT / "deploy" / "kubernetes" / "render.sh"
 # The Kubernetes release whose schemas the core objects must pass (kubernetes-validate >= 1.31

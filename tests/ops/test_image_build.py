@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launcher import ROOT
+from repo_paths import ROOT
 
 pytestmark = [
     pytest.mark.slow,

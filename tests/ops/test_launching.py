@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launcher import FOUR_WORKER_ARGS, ROOT, tensorboard_scalars, train_env
+from launcher import FOUR_WORKER_ARGS, tensorboard_scalars, train_env
+from repo_paths import ROOT
 
 SCRIPT = str(ROOT / "run_llama_train.sh")
 

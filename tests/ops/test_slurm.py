@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher import FOUR_WORKER_ARGS, ROOT, tensorboard_scalars, train_env
+from launcher import FOUR_WORKER_ARGS, tensorboard_scalars, train_env
+from repo_paths import ROOT
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "sinfo", "munge")

@@ -1,21 +1,17 @@
-"""JobConfig: precedence, CLI forms, help, and every validation error."""
+"""JobConfig: precedence, CLI forms, help, and every validation error (train.py's own --help and
+error lines, from a process, are in tests/e2e/test_config.py)."""
 
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import DEBUG_TOML, ROOT, TOKENIZER, TOKENIZER_ASSETS
 
 from torchtitan.config_manager import JobConfig, help_text, parse_args
 from torchtitan.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parents[1]
-DEBUG_TOML = str(ROOT / "train_configs" / "debug_model.toml")
-TOKENIZER = str(ROOT / "tests" / "assets" / "tokenizer" / "tiktoken.model")
 
 
 def _toml(tmp_path: Path, text: str) -> str:
@@ -214,48 +210,6 @@ def test_missing_and_bad_config_file(tmp_path):
         parse_args(["--job.config_file", str(bad)])
 
 
-def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
-
-
-def test_train_py_help_lists_every_key():
-    out = _run("train.py", "--help")
-    assert out.returncode == 0
-    cfg = JobConfig()
-    for section, values in cfg.to_dict().items():
-        for key in values:
-            assert f"--{section}.{key} " in out.stdout, f"{section}.{key} missing from --help"
-
-
-@pytest.mark.parametrize(
-    "args, expected",
-    [
-        (["--training.steps", "-3"], "error: command line: --training.steps: -3 must be >= 1"),
-        (
-            ["--model.flavor", "9B"],
-            "error: command line: --model.flavor: '9B' is not a flavor of llama3; valid: debugmodel",
-        ),
-        (
-            ["--model.name", "gpt9"],
-            "error: command line: --model.name: unknown model 'gpt9'; valid: llama2, llama3",
-        ),
-        (
-            ["--parallelism.data_parallel_shard_degree", "3"],
-            "error: command line: --parallelism.data_parallel_shard_degree: 3, but the world size "
-            "is 1",
-        ),
-    ],
-)
-def test_train_py_reports_config_errors_in_one_line(args, expected):
-    out = _run("train.py", "--job.config_file", DEBUG_TOML, *args)
-    assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().startswith(expected), out.stderr
-    assert "Traceback" not in out.stderr + out.stdout
-    assert len(out.stderr.strip().splitlines()) == 1
-
-
 @pytest.mark.parametrize(
     "path", sorted((ROOT / "train_configs").glob("*.toml")), ids=lambda p: p.name
 )
@@ -263,7 +217,7 @@ def test_every_shipped_config_passes_preflight(path):
     from torchtitan.job_plan import plan_job
 
     kind = "sentencepiece" if "llama2" in path.name else "tiktoken"
-    tok = str(ROOT / "tests" / "assets" / "tokenizer" / f"{kind}.model")
+    tok = str(TOKENIZER_ASSETS / f"{kind}.model")
     cfg = parse_args(["--job.config_file", str(path), "--model.tokenizer_path", tok])
     # The smallest world each config is written for: 8 GPUs, or nodes of them for TP x FSDP (x PP)
     world = {"llama3_70b.toml": 64, "llama2_70b.toml": 64, "llama3_405b.toml": 256}

@@ -11,6 +11,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from repo_paths import ROOT, TOKENIZER
 from sized_tokenizers import llama3_sized_tiktoken
 
 from torchtitan import config_aliases, job_plan, preflight
@@ -18,8 +19,6 @@ from torchtitan.config_aliases import ALIASES
 from torchtitan.config_manager import _strip_optional, all_keys, parse_args
 from torchtitan.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
-TOKENIZER = str(ROOT / "tests" / "assets" / "tokenizer" / "tiktoken.model")
 sys.path.insert(0, str(ROOT / "scripts"))
 
 # A valid value for old keys whose type alone does not give one.

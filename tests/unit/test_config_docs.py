@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from repo_paths import ROOT
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from config_docs import DOC, render  # noqa: E402

@@ -17,12 +17,11 @@ import huggingface_hub.constants
 import pytest
 import torch
 from datasets.distributed import split_dataset_by_node
+from repo_paths import TIKTOKEN_PATH as TOKENIZER_ASSET
 
 from torchtitan.datasets import build_hf_dataloader, sources
 from torchtitan.datasets.sources import DATASETS
 from torchtitan.errors import ConfigError, DataError
-
-TOKENIZER_ASSET = Path(__file__).parent / "assets" / "tokenizer" / "tiktoken.model"
 
 
 class ByteTokenizer:

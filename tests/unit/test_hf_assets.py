@@ -2,28 +2,25 @@
 with the ``tokenizers`` library on the offline corpus gives the ids of ``transformers``'
 ``AutoTokenizer``; ``build_tokenizer`` takes files and folders; the config resolves the tokenizer;
 ``scripts/download_hf_assets.py`` asks the Hub for the right files and keeps the token out of its
-output; ``scripts/generate.py`` and training read a whole folder."""
+output; ``scripts/generate.py`` picks the tokenizer of a folder. Running the download script
+offline, and generate.py and training on a whole folder, are in tests/e2e/test_hf_assets.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import types
 from pathlib import Path
 
 import pytest
+from download_scripts import SECRET, load_download_script
+from hf_folders import copy_files, corpus, train_tokenizer_json, write_model_folder
+from repo_paths import ROOT, TOKENIZER_ASSETS, load_script
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from torchtitan.datasets.tokenizer import (  # noqa: E402
+from torchtitan.datasets.tokenizer import (
     DEFAULT_TOKENIZER_PATH,
     HuggingFaceTokenizer,
     SentencePieceTokenizer,
@@ -33,10 +30,8 @@ from torchtitan.datasets.tokenizer import (  # noqa: E402
     tokenizer_file_in,
     tokenizer_source,
 )
-from torchtitan.errors import ConfigError  # noqa: E402
+from torchtitan.errors import ConfigError
 
-ASSETS = REPO_ROOT / "tests" / "assets" / "tokenizer"
-SECRET = "hf_TESTtokenNOTREAL0123456789"
 REPO = "meta-llama/Llama-3.1-8B"
 
 TEXTS = [
@@ -61,87 +56,6 @@ SPECIAL_TEXT = "<|begin_of_text|>hi<|end_of_text|> <s> </s> <unk>"
 # ----------------------------------------------------------------------------- test tokenizers
 
 
-def _corpus() -> list[str]:
-    # the language-reference half of the offline corpus: real prose, read in milliseconds
-    from torchtitan.datasets.pydoc_corpus import _topic_documents
-
-    return _topic_documents()
-
-
-def train_tokenizer_json(folder: Path, style: str, vocab_size: int = 1000) -> None:
-    """Train a ``tokenizer.json`` with ``tokenizers`` and write it with the
-    ``tokenizer_config.json`` of a Hub folder: ``bytelevel`` is built like Llama 3's (split regex,
-    byte-level BPE, a post-processor that adds BOS), ``metaspace`` like Llama 2's (``▁`` for
-    spaces, byte fallback, an unknown token)."""
-    from tokenizers import (
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-
-    from torchtitan.datasets.tokenizer import LLAMA3_SPLIT_PATTERN
-
-    if style == "bytelevel":
-        bos, eos, pad = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
-        tok = Tokenizer(models.BPE(ignore_merges=True))
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(LLAMA3_SPLIT_PATTERN), "isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=[bos, eos, pad],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-    else:
-        bos, eos, pad = "<s>", "</s>", None
-        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-        tok.normalizer = normalizers.Sequence(
-            [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
-        )
-        tok.decoder = decoders.Sequence(
-            [
-                decoders.Replace("▁", " "),
-                decoders.ByteFallback(),
-                decoders.Fuse(),
-                decoders.Strip(" ", 1, 0),
-            ]
-        )
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            special_tokens=["<unk>", bos, eos] + [f"<0x{b:02X}>" for b in range(256)],
-            show_progress=False,
-        )
-    tok.train_from_iterator(_corpus(), trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))]
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": bos,
-        # the form transformers writes: an AddedToken as a dict
-        "eos_token": {"__type": "AddedToken", "content": eos, "lstrip": False,
-                      "normalized": False, "rstrip": False, "single_word": False,
-                      "special": True},
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": 2048,
-    }  # fmt: skip
-    if pad:
-        config["pad_token"] = pad
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tokenizers")
@@ -161,20 +75,13 @@ def pair(request, trained):
     return folder, build_tokenizer(folder), hf
 
 
-def _copy(folder: Path, dest: Path, *names: str) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        shutil.copy(folder / name, dest / name)
-    return dest
-
-
 # ----------------------------------------------------------------------------- the tokenizer
 
 
 def test_ids_equal_autotokenizer(pair):
     _, ours, hf = pair
     assert isinstance(ours, HuggingFaceTokenizer)
-    for text in TEXTS + _corpus()[:20]:
+    for text in TEXTS + corpus()[:20]:
         expected = hf(text, add_special_tokens=False)["input_ids"]
         assert ours.encode(text, bos=False, eos=False) == expected, repr(text[:80])
         assert ours.encode(text, bos=True, eos=False) == [hf.bos_token_id, *expected]
@@ -233,14 +140,14 @@ def test_special_tokens_from_map_and_model_config(trained, tmp_path):
     ref = build_tokenizer(src)
 
     # special_tokens_map.json, then config.json (an id, or a list of ids)
-    folder = _copy(src, tmp_path / "map", "tokenizer.json")
+    folder = copy_files(src, tmp_path / "map", "tokenizer.json")
     (folder / "special_tokens_map.json").write_text(
         json.dumps({"bos_token": {"content": "<|begin_of_text|>"}, "eos_token": "<|pad|>"})
     )
     tok = build_tokenizer(folder)
     assert (tok.bos_id, tok.eos_id, tok.pad_id) == (ref.bos_id, ref.pad_id, -1)
 
-    folder = _copy(src, tmp_path / "config", "tokenizer.json")
+    folder = copy_files(src, tmp_path / "config", "tokenizer.json")
     (folder / "config.json").write_text(
         json.dumps({"bos_token_id": 1, "eos_token_id": [2, 0], "vocab_size": 1024})
     )
@@ -249,7 +156,7 @@ def test_special_tokens_from_map_and_model_config(trained, tmp_path):
     assert tok.n_words == 1024  # the model's padded embedding
 
     # tokenizer_config.json comes first
-    _copy(src, folder, "tokenizer_config.json")
+    copy_files(src, folder, "tokenizer_config.json")
     tok = build_tokenizer(folder)
     assert (tok.bos_id, tok.eos_id) == (ref.bos_id, ref.eos_id)
 
@@ -264,14 +171,14 @@ def test_special_tokens_from_map_and_model_config(trained, tmp_path):
     ],
 )
 def test_special_token_errors(trained, tmp_path, config, expected):
-    folder = _copy(trained["bytelevel"], tmp_path / "f", "tokenizer.json")
+    folder = copy_files(trained["bytelevel"], tmp_path / "f", "tokenizer.json")
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     message = _config_error(folder, key="model.hf_assets_path")
     assert expected in message
 
 
 def test_special_token_id_outside_vocabulary(trained, tmp_path):
-    folder = _copy(trained["bytelevel"], tmp_path / "f", "tokenizer.json")
+    folder = copy_files(trained["bytelevel"], tmp_path / "f", "tokenizer.json")
     (folder / "config.json").write_text(json.dumps({"bos_token_id": 5000, "eos_token_id": 1}))
     assert "bos_token_id 5000 of config.json is outside the vocabulary" in _config_error(folder)
 
@@ -295,17 +202,17 @@ def test_build_tokenizer_files_and_folders(trained, tmp_path):
     # a Llama 3 folder holding only original/tokenizer.model: the tiktoken file
     llama3 = tmp_path / "llama3"
     (llama3 / "original").mkdir(parents=True)
-    shutil.copy(ASSETS / "tiktoken.model", llama3 / "original" / "tokenizer.model")
+    shutil.copy(TOKENIZER_ASSETS / "tiktoken.model", llama3 / "original" / "tokenizer.model")
     assert tokenizer_file_in(llama3) == str(llama3 / "original" / "tokenizer.model")
     assert isinstance(build_tokenizer(llama3), TikTokenizer)
     # ... and when tokenizer.json is there too, that one
-    _copy(src, llama3, "tokenizer.json", "tokenizer_config.json")
+    copy_files(src, llama3, "tokenizer.json", "tokenizer_config.json")
     assert isinstance(build_tokenizer(llama3), HuggingFaceTokenizer)
 
     # a Llama 2 folder (or this library's SentencePiece export): tokenizer.model at the top
     llama2 = tmp_path / "llama2"
     llama2.mkdir()
-    shutil.copy(ASSETS / "sentencepiece.model", llama2 / "tokenizer.model")
+    shutil.copy(TOKENIZER_ASSETS / "sentencepiece.model", llama2 / "tokenizer.model")
     assert isinstance(build_tokenizer(llama2), SentencePieceTokenizer)
 
     # the kind comes from the content: a tokenizer.json under another name
@@ -366,7 +273,7 @@ def test_export_writes_the_tokenizer_files(trained, tmp_path):
 
     src = trained["metaspace"]
     # BOS / EOS known only from config.json: the export names them in tokenizer_config.json
-    folder = _copy(src, tmp_path / "src", "tokenizer.json")
+    folder = copy_files(src, tmp_path / "src", "tokenizer.json")
     (folder / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     ours = build_tokenizer(folder)
     files = write_tokenizer_files(str(tmp_path / "out"), ours, 64)
@@ -382,20 +289,9 @@ def test_export_writes_the_tokenizer_files(trained, tmp_path):
 # ----------------------------------------------------------------------------- download script
 
 
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"_script_{name}", REPO_ROOT / "scripts" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture()
 def dl(monkeypatch):
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return _load_script("download_hf_assets")
+    return load_download_script(monkeypatch, "download_hf_assets")
 
 
 TOKENIZER_PATTERNS = [
@@ -549,35 +445,20 @@ def test_download_never_echoes_the_token(dl, monkeypatch, capsys):
     assert "gated" in err and f"https://huggingface.co/{REPO}" in err and "licence" in err
 
 
-def test_download_offline_subprocess(tmp_path):
-    env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN=SECRET)
-    result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "download_hf_assets.py"),
-         "--repo_id", REPO, "--local_dir", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert SECRET not in result.stdout + result.stderr
-    assert "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1, result.stderr
-    assert "HF_HUB_OFFLINE" in result.stderr
-
-
 # ----------------------------------------------------------------------------- generate.py
 
 
 @pytest.fixture()
 def gen(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
-    return _load_script("generate")
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    return load_script("generate")
 
 
 def test_generate_tokenizer_choice(gen, trained, tmp_path):
     folder = trained["bytelevel"]
     assert isinstance(gen.load_tokenizer(None, str(folder)), HuggingFaceTokenizer)
     assert isinstance(gen.load_tokenizer(str(folder), "step-5"), HuggingFaceTokenizer)
-    tiktoken = str(ASSETS / "tiktoken.model")
+    tiktoken = str(TOKENIZER_ASSETS / "tiktoken.model")
     assert isinstance(gen.load_tokenizer(tiktoken, str(folder)), TikTokenizer)
     dcp = tmp_path / "step-5"
     dcp.mkdir()
@@ -590,95 +471,12 @@ def test_generate_tokenizer_choice(gen, trained, tmp_path):
 # ----------------------------------------------------------------------------- a whole folder
 
 
-def _debug_args(vocab_size: int):
-    from torchtitan.train_spec import get_model_args
-
-    return dataclasses.replace(
-        get_model_args("llama3", "debugmodel"), vocab_size=vocab_size, max_seq_len=64
-    )
-
-
 @pytest.fixture(scope="module")
 def hf_folder(trained, tmp_path_factory) -> Path:
-    """A Hub-like Llama folder: the trained byte-level tokenizer (tokenizer.json,
-    tokenizer_config.json), config.json and model.safetensors of a debug-flavor model whose
-    vocabulary is that tokenizer's."""
-    import torch
-
-    from torchtitan.checkpoint.hf_files import write_folder
-    from torchtitan.models.llama.hf_adapter import LlamaStateDictAdapter
-    from torchtitan.models.llama.model import Transformer
-
-    folder = tmp_path_factory.mktemp("Llama-debug")
-    _copy(trained["bytelevel"], folder, "tokenizer.json", "tokenizer_config.json")
-    tok = build_tokenizer(folder)
-    args = _debug_args(tok.n_words)
-    torch.manual_seed(0)
-    model = Transformer(args)
-    model.init_weights()
-    adapter = LlamaStateDictAdapter(args)
-    config = adapter.hf_config(dtype=torch.float32, bos_id=tok.bos_id, eos_id=tok.eos_id)
-    write_folder(str(folder), adapter.to_hf(model.state_dict()), config)
-    return folder
+    """A Hub-like Llama folder of the debug flavor with the trained byte-level tokenizer."""
+    return write_model_folder(trained["bytelevel"], tmp_path_factory.mktemp("Llama-debug"))
 
 
 def test_hf_folder_tokenizer(hf_folder):
     tok = build_tokenizer(hf_folder, key="model.hf_assets_path")
     assert isinstance(tok, HuggingFaceTokenizer) and tok.n_words == 1000
-
-
-@pytest.mark.slow
-def test_generate_from_a_folder_without_tokenizer_flag(hf_folder):
-    """generate.py --checkpoint FOLDER takes the folder's tokenizer; transformers, on the same
-    folder, encodes the prompt alike and generates the same tokens."""
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    out = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts" / "generate.py"), "--checkpoint",
-         str(hf_folder), "--prompt", "def main(", "--max_new_tokens", "12", "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    result = json.loads(out.stdout.splitlines()[-1])
-
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(hf_folder))
-    assert hf_tok("def main(")["input_ids"] == result["prompt_ids"]
-    assert hf_tok.decode(result["output_ids"]) == result["text"]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_folder)).eval()
-    prompt = torch.tensor([result["prompt_ids"]])
-    with torch.no_grad():
-        generated = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
-                                do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
-    expected = generated[0, prompt.shape[1] :].tolist()
-    assert result["output_ids"] and result["output_ids"] == expected[: len(result["output_ids"])]
-
-
-@pytest.mark.slow
-def test_training_starts_from_a_hf_assets_folder(hf_folder, tmp_path):
-    """--model.hf_assets_path FOLDER --checkpoint.initial_load_in_hf: the tokenizer (vocabulary
-    1000, not the test tokenizer's 2256) and the weights come from the folder. With a learning
-    rate of ~0 the run's own export gives the folder's weights back bit for bit, and its tokenizer
-    files."""
-    import torch
-    from launcher import launch
-
-    from torchtitan.checkpoint.hf_files import read_folder
-
-    out = launch(tmp_path, "--model.hf_assets_path", str(hf_folder),
-                 "--checkpoint.enable", "--checkpoint.initial_load_in_hf",
-                 "--checkpoint.last_save_in_hf", "--training.steps", "1",
-                 "--training.seq_len", "64", "--training.local_batch_size", "2",
-                 "--optimizer.lr", "1e-30", "--optimizer.weight_decay", "0",
-                 "--debug.seed", "42", timeout=600)  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert f"Loaded Hugging Face weights from {hf_folder}" in out.stdout
-    assert "vocab 1000" in out.stdout
-    export = tmp_path / "out" / "checkpoint" / "step-1-hf"
-    again, original = read_folder(str(export)), read_folder(str(hf_folder))
-    assert again.keys() == original.keys()
-    for k in original:
-        assert torch.equal(again[k], original[k]), k
-    exported = build_tokenizer(export)
-    assert isinstance(exported, HuggingFaceTokenizer)
-    assert (export / "tokenizer.json").read_bytes() == (hf_folder / "tokenizer.json").read_bytes()

@@ -1,6 +1,8 @@
 """Hugging Face interop: this model's weights in transformers' Llama layout give transformers'
 LlamaForCausalLM the same logits, the conversion round-trips exactly, the files are what
-from_pretrained reads (single and sharded), and mismatches are listed in one error."""
+from_pretrained reads (single and sharded), mismatches are listed in one error, and the exported
+tokenizer files load in AutoTokenizer. Exports from training runs, the conversion scripts and
+generate.py are in tests/e2e/test_hf_format.py."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 
 import pytest
 import torch
+from repo_paths import TOKENIZER_ASSETS
 
 from torchtitan.checkpoint.hf_files import read_folder, write_folder
 from torchtitan.errors import HFFormatError
@@ -124,139 +127,7 @@ def test_a_folder_without_weights_is_refused(tmp_path):
         read_folder(str(tmp_path))
 
 
-# ----------------------------------------------------------------------------- through training
-
-
-def _launch(tmp_path, ngpu, *args):
-    from launcher import launch
-
-    out = launch(tmp_path, "--training.seq_len", "64", "--training.global_batch_size", "8",
-                 "--debug.seed", "42", "--checkpoint.enable", *args, ngpu=ngpu, timeout=900)  # fmt: skip
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out
-
-
-def _debug_args() -> ModelArgs:
-    import dataclasses
-
-    from torchtitan.train_spec import get_model_args
-
-    return dataclasses.replace(
-        get_model_args("llama3", "debugmodel"), vocab_size=2256, max_seq_len=64
-    )
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """FSDP 2 trains the debug model 4 steps: DCP step-4 and its export step-4-hf."""
-    first = tmp_path_factory.mktemp("first")
-    _launch(first, 2, "--training.steps", "4", "--training.local_batch_size", "4",
-            "--checkpoint.interval", "4", "--checkpoint.last_save_in_hf")  # fmt: skip
-    return first / "out" / "checkpoint"
-
-
-@pytest.mark.slow
-def test_export_after_training_and_import_into_another_layout(tmp_path, trained):
-    """The export of an FSDP 2 run (last_save_in_hf): transformers computes the logits of the
-    trained weights (read back from the DCP checkpoint). A PP 2 job then starts from that
-    export with learning rate ~0 and exports again: the weights come back bit for bit."""
-    import torch.distributed.checkpoint as dcp
-
-    export = trained / "step-4-hf"
-    config = json.loads((export / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLM"] and config["vocab_size"] == 2256
-
-    ours = Transformer(_debug_args())
-    state = {"model": ours.state_dict()}
-    dcp.load(state, checkpoint_id=str(trained / "step-4"))
-    ours.load_state_dict(state["model"])
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(export)).eval()
-    tokens = torch.randint(0, 2256, (2, 64), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        assert (hf(tokens).logits - ours.eval()(tokens)).abs().max().item() < 1e-4
-
-    second = tmp_path / "second"
-    second.mkdir()
-    out = _launch(second, 2, "--training.steps", "1", "--training.local_batch_size", "8",
-                  "--parallelism.pipeline_parallel_degree", "2",
-                  "--parallelism.pipeline_parallel_microbatch_size", "4",
-                  "--optimizer.lr", "1e-30", "--optimizer.weight_decay", "0",
-                  "--checkpoint.initial_load_path", str(export), "--checkpoint.initial_load_in_hf",
-                  "--checkpoint.last_save_in_hf")  # fmt: skip
-    assert f"Loaded Hugging Face weights from {export}" in out.stdout
-    again = read_folder(str(second / "out" / "checkpoint" / "step-1-hf"))
-    original = read_folder(str(export))
-    assert again.keys() == original.keys()
-    for k in original:
-        assert torch.equal(again[k], original[k]), k
-
-
-def _script(name: str, *args: str) -> str:
-    import subprocess
-    import sys
-
-    from launcher import ROOT
-
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args],
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return out.stdout
-
-
-@pytest.mark.slow
-def test_conversion_scripts_agree_with_each_other(tmp_path, trained):
-    from torchtitan.checkpoint import read_model_weights
-
-    weights = read_model_weights(str(trained / "step-4"))
-    _script("convert_dcp_to_hf.py", str(trained / "step-4"), str(tmp_path / "hf"),
-            "--flavor", "debugmodel", "--max_shard_gb", "0.005")  # fmt: skip
-    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()  # sharded: 5 MB shards
-    exported = read_folder(str(trained / "step-4-hf"))
-    converted = read_folder(str(tmp_path / "hf"))
-    assert exported.keys() == converted.keys()
-    assert all(torch.equal(exported[k], converted[k]) for k in exported)
-
-    _script("convert_hf_to_dcp.py", str(tmp_path / "hf"), str(tmp_path / "dcp"))
-    _script("convert_dcp_to_torch.py", str(tmp_path / "dcp"), str(tmp_path / "weights.pt"))
-    back = torch.load(tmp_path / "weights.pt", weights_only=True)
-    assert back.keys() == weights.keys()
-    assert all(torch.equal(back[k], weights[k]) for k in weights)
-
-
-@pytest.mark.slow
-def test_greedy_generation_equals_transformers(trained):
-    from launcher import ROOT
-
-    tokenizer = str(ROOT / "tests" / "assets" / "tokenizer" / "tiktoken.model")
-    common = ["--tokenizer", tokenizer, "--prompt", "def main(", "--max_new_tokens", "12", "--json"]
-    from_hf_export = json.loads(
-        _script("generate.py", "--checkpoint", str(trained / "step-4-hf"), *common).splitlines()[-1]
-    )
-    from_dcp = json.loads(
-        _script(
-            "generate.py",
-            "--checkpoint",
-            str(trained / "step-4"),
-            "--flavor",
-            "debugmodel",
-            *common,
-        ).splitlines()[-1]  # fmt: skip
-    )
-    assert from_dcp["output_ids"] == from_hf_export["output_ids"]
-
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(trained / "step-4-hf"))
-    assert hf_tok("def main(")["input_ids"] == from_hf_export["prompt_ids"]
-    assert hf_tok.decode(from_hf_export["output_ids"]) == from_hf_export["text"]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(trained / "step-4-hf")).eval()
-    prompt = torch.tensor([from_hf_export["prompt_ids"]])
-    with torch.no_grad():
-        out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
-                          do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
-    expected = out[0, prompt.shape[1] :].tolist()
-    assert (
-        from_hf_export["output_ids"]
-        and from_hf_export["output_ids"] == expected[: len(from_hf_export["output_ids"])]
-    )
+# ----------------------------------------------------------------------------- tokenizer files
 
 
 TEXTS = [
@@ -270,12 +141,10 @@ TEXTS = [
 
 @pytest.mark.parametrize("kind", ["tiktoken", "sentencepiece"])
 def test_exported_tokenizer_files_load_in_autotokenizer(tmp_path, kind):
-    from launcher import ROOT
-
     from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
     from torchtitan.datasets.tokenizer import build_tokenizer
 
-    ours = build_tokenizer(ROOT / "tests" / "assets" / "tokenizer" / f"{kind}.model")
+    ours = build_tokenizer(TOKENIZER_ASSETS / f"{kind}.model")
     write_tokenizer_files(str(tmp_path), ours, 2048)
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     for text in TEXTS:

@@ -8,9 +8,9 @@ on the command line, as a user with the real tokenizer and data would have them.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import ROOT, TOKENIZER, UPSTREAM
 from sized_tokenizers import (
     LLAMA3_VOCAB,
     hf_assets_folder,
@@ -21,9 +21,6 @@ from sized_tokenizers import (
 from torchtitan import preflight
 from torchtitan.config_manager import parse_args
 
-ROOT = Path(__file__).resolve().parents[2]
-UPSTREAM = ROOT / "tests" / "assets" / "upstream_configs"
-TOKENIZER = str(ROOT / "tests" / "assets" / "tokenizer" / "tiktoken.model")
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from migrate_config import migrate  # noqa: E402
