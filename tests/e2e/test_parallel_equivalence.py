@@ -14,18 +14,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from launcher import launch, tensorboard_scalars
+from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, launch, tensorboard_scalars
 
-STEPS = 8
-COMMON = [
-    "--training.steps", str(STEPS),
-    "--training.seq_len", "64",
-    "--training.global_batch_size", "8",
-    "--lr_scheduler.warmup_steps", "2",
-    "--metrics.log_freq", "1",
-    "--debug.seed", "42",
-    "--debug.deterministic",
-]  # fmt: skip
+STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
 
 # id -> (processes, extra arguments); local batch sizes keep the global batch at 8 sequences
 LAYOUTS = {

@@ -21,19 +21,10 @@ import subprocess
 import sys
 
 import pytest
-from launcher import launch, tensorboard_scalars, train_env
+from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, launch, tensorboard_scalars, train_env
 from repo_paths import HELPERS, ROOT
 
-STEPS = 8
-COMMON = [
-    "--training.steps", str(STEPS),
-    "--training.seq_len", "64",
-    "--training.global_batch_size", "8",
-    "--lr_scheduler.warmup_steps", "2",
-    "--metrics.log_freq", "1",
-    "--debug.seed", "42",
-    "--debug.deterministic",
-]  # fmt: skip
+STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
 
 # id -> (processes, extra arguments); local batch sizes keep the global batch at 8 sequences
 UNTIED = ["--model.flavor", "debugmodel_untied"]

@@ -20,6 +20,18 @@ FOUR_WORKER_ARGS = [
     "--debug.seed", "42",
     "--debug.deterministic",
 ]  # fmt: skip
+# The equivalence proofs (tests/e2e/test_parallel_equivalence.py, test_qwen3_parallel.py): every
+# layout trains EQUIVALENCE_STEPS steps of a global batch of 8 sequences, seeded, deterministic.
+EQUIVALENCE_STEPS = 8
+EQUIVALENCE_ARGS = [
+    "--training.steps", str(EQUIVALENCE_STEPS),
+    "--training.seq_len", "64",
+    "--training.global_batch_size", "8",
+    "--lr_scheduler.warmup_steps", "2",
+    "--metrics.log_freq", "1",
+    "--debug.seed", "42",
+    "--debug.deterministic",
+]  # fmt: skip
 STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
 
