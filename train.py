@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -121,6 +122,11 @@ class Loop:
     validator: Validator | None
     train_state: TrainState
 
+    @cached_property
+    def params(self) -> list[torch.nn.Parameter]:
+        """This rank's parameters, listed once for gradient clipping."""
+        return [p for m in self.parts for p in m.parameters()]
+
     def run(self, data_iter: Any, startup: runtime.StartupTimer | None) -> None:
         t, first = self.job_config.training, self.train_state.step + 1
         if first > t.steps:
@@ -158,9 +164,8 @@ class Loop:
             # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch
             self.metrics.ntokens_since_last_log += labels.numel() // dims.non_data_parallel_size
             loss += self.runner.forward_backward(inputs, labels, plan.grad_accum_steps)
-        params = [p for m in self.parts for p in m.parameters()]
         max_norm = self.job_config.training.max_norm
-        return loss, dist_utils.clip_grad_norm_(params, max_norm, pp_group=dims.pp_group)
+        return loss, dist_utils.clip_grad_norm_(self.params, max_norm, pp_group=dims.pp_group)
 
     def optimizer_step(self, step: int) -> float:
         """The update (after a background save has copied the weights it needs); the lr used."""

@@ -51,7 +51,7 @@ class Runtime:
         return self.plan.spec
 
 
-def init_runtime(job_config: JobConfig, *, seed_everything: bool = True) -> Runtime:
+def init_runtime(job_config: JobConfig) -> Runtime:
     """The device, the process group (under torchrun), the job plan, the device mesh and the
     seeds. Raises ConfigError(s) for a job that cannot run on this world."""
     device = dist_utils.init_device()
@@ -61,8 +61,7 @@ def init_runtime(job_config: JobConfig, *, seed_everything: bool = True) -> Runt
     plan = plan_job(job_config, world_size)
     plan.dims.build_mesh(dist_utils.device_type)
     seed = runtime.resolve_seed(job_config.debug.seed, device)
-    if seed_everything:
-        runtime.set_determinism(seed, job_config.debug.deterministic)
+    runtime.set_determinism(seed, job_config.debug.deterministic)
     return Runtime(device, rank, world_size, plan, seed)
 
 

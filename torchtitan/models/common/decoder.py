@@ -20,15 +20,30 @@ Intended construction (the parallelisms may be applied between the steps)::
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 from torch import nn
 
 from torchtitan.models.common.blocks import trunc_normal_
+from torchtitan.models.norms import NORM_TYPES
 
 
-class Decoder(nn.Module):
+def check_decoder_args(args: Any) -> None:
+    """The checks every family's args share (called from their ``__post_init__``, after
+    ``n_kv_heads`` defaults to ``n_heads``); ValueError naming the field."""
+    if args.norm_type not in NORM_TYPES:
+        raise ValueError(f"norm_type {args.norm_type!r} is not one of: {', '.join(NORM_TYPES)}")
+    if args.n_heads % args.n_kv_heads != 0:
+        raise ValueError(
+            f"n_heads ({args.n_heads}) must be divisible by n_kv_heads ({args.n_kv_heads})"
+        )
+    if args.head_dim % 2 != 0:
+        raise ValueError(f"head_dim ({args.head_dim}) must be even for rotary embeddings")
+
+
+class Decoder(nn.Module, ABC):
     """``forward(tokens [B, T] int64) -> logits [B, T, vocab] float32``. ``layers`` is an
     ``nn.ModuleDict`` keyed ``"0"``..``"n-1"`` so pipeline stages can drop layers and keep the
     original names (checkpoint keys stay stable)."""
@@ -56,14 +71,18 @@ class Decoder(nn.Module):
 
     # ---- what a family provides
 
+    @abstractmethod
     def build_block(self, layer_id: int, args: Any) -> nn.Module:
-        raise NotImplementedError
+        """Block ``layer_id``: called as ``block(h, rope_cache)``, with ``init_weights()``."""
 
+    @abstractmethod
     def build_rope_cache(self, args: Any, device: torch.device | str | None = None) -> torch.Tensor:
-        raise NotImplementedError
+        """The rotary table, position-major (``[max_seq_len, ...]``: context parallel shards
+        dim 0)."""
 
+    @abstractmethod
     def build_norm(self, args: Any) -> nn.Module:
-        raise NotImplementedError
+        """The final norm (with ``reset_parameters()``)."""
 
     # ---- shared
 

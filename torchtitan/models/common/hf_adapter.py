@@ -10,6 +10,7 @@ misshapen tensor. The checkpoint manager and the scripts reach it only through t
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
@@ -20,7 +21,7 @@ _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
-class HFStateDictAdapter:
+class HFStateDictAdapter(ABC):
     """Conversions for one set of model hyper-parameters (``args``)."""
 
     #: ``config.json``'s ``model_type`` this adapter reads and writes (e.g. "llama")
@@ -49,12 +50,14 @@ class HFStateDictAdapter:
         """The inverse of :meth:`tensor_to_hf` (``name`` is ours)."""
         return w
 
+    @abstractmethod
     def hf_config(self, *, dtype: torch.dtype, bos_id: int | None, eos_id: int | None) -> dict:
-        raise NotImplementedError
+        """``config.json`` of a ``transformers`` model with these hyper-parameters."""
 
     @classmethod
+    @abstractmethod
     def args_from_hf_config(cls, config: dict) -> Any:
-        raise NotImplementedError
+        """The family's args from a ``config.json`` (HFFormatError if it cannot build it)."""
 
     def shared_config(
         self, *, intermediate_size: int, dtype: torch.dtype, bos_id: int | None, eos_id: int | None

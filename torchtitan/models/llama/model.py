@@ -30,7 +30,7 @@ from torchtitan.models.common.blocks import (
     TransformerBlock,
     trunc_normal_,
 )
-from torchtitan.models.common.decoder import Decoder, get_nparams_and_flops
+from torchtitan.models.common.decoder import Decoder, check_decoder_args, get_nparams_and_flops
 from torchtitan.models.norms import NORM_TYPES, RMSNorm, build_norm
 
 __all__ = [
@@ -77,18 +77,11 @@ class ModelArgs:
     norm_type: str = "rmsnorm"
 
     def __post_init__(self) -> None:
-        if self.norm_type not in NORM_TYPES:
-            raise ValueError(f"norm_type {self.norm_type!r} is not one of: {', '.join(NORM_TYPES)}")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.dim % self.n_heads != 0:
             raise ValueError(f"dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
-        if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})"
-            )
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        check_decoder_args(self)
 
     @property
     def head_dim(self) -> int:

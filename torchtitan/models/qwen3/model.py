@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from torchtitan.models.common.blocks import CausalAttention, TransformerBlock, trunc_normal_
-from torchtitan.models.common.decoder import Decoder, get_nparams_and_flops
-from torchtitan.models.norms import NORM_TYPES, build_norm
+from torchtitan.models.common.decoder import Decoder, check_decoder_args, get_nparams_and_flops
+from torchtitan.models.norms import build_norm
 
 __all__ = [
     "Qwen3ModelArgs",
@@ -69,16 +69,9 @@ class Qwen3ModelArgs:
     norm_type: str = "rmsnorm"
 
     def __post_init__(self) -> None:
-        if self.norm_type not in NORM_TYPES:
-            raise ValueError(f"norm_type {self.norm_type!r} is not one of: {', '.join(NORM_TYPES)}")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
-        if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
-                f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})"
-            )
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        check_decoder_args(self)
 
     def ffn_hidden_dim(self) -> int:
         """SwiGLU hidden size (what preflight checks against the tensor-parallel degree)."""
