@@ -115,7 +115,7 @@ def test_rotary_is_transformers_half_split_layout():
     hq, hk = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
     torch.testing.assert_close(rq, hq.transpose(1, 2), atol=1e-6, rtol=0)
     torch.testing.assert_close(rk, hk.transpose(1, 2), atol=1e-6, rtol=0)
-    assert precompute_rope_cache(args).shape == (args.max_seq_len, args.head_dim // 2, 2)
+    assert precompute_rope_cache(args).shape == (args.max_seq_len, 2, args.head_dim)
 
 
 def test_shapes_decouple_head_dim_from_dim():

@@ -137,8 +137,14 @@ def _scatter_grad(grad: torch.Tensor, group: str, cp: int, dtype: torch.dtype) -
     return funcol.wait_tensor(mine).to(dtype)
 
 
-def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    return x.repeat_interleave(n_rep, dim=1) if n_rep > 1 else x
+def _heads_for_kernel(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Keys or values ``[B, H_kv, T, D]`` as the attention kernel takes them. The CPU kernel takes
+    the kv heads as they are (each serving ``n_rep`` consecutive query heads); for the CUDA
+    kernels they are repeated to one per query head, as their grouped-query support is not
+    verified here (no GPU)."""
+    if n_rep == 1 or x.device.type == "cpu":
+        return x
+    return x.repeat_interleave(n_rep, dim=1)
 
 
 class _AllGatherAttention(torch.autograd.Function):
@@ -146,7 +152,7 @@ class _AllGatherAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, group, cp, cp_rank):  # type: ignore[override]
         k_all, v_all = _gather_sequence(k, group, cp), _gather_sequence(v, group, cp)
         n_rep = q.shape[1] // k.shape[1]
-        keys, values = _repeat_heads(k_all, n_rep), _repeat_heads(v_all, n_rep)
+        keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
         c = q.shape[2] // 2  # chunk length
         outs, lses, extras = [], [], []
         for slot, chunk in enumerate(chunk_ids(cp, cp_rank)):
@@ -173,7 +179,7 @@ class _AllGatherAttention(torch.autograd.Function):
     def backward(ctx, dout):  # type: ignore[override]
         q, k_all, v_all, out, lse = ctx.saved_tensors
         n_rep = q.shape[1] // k_all.shape[1]
-        keys, values = _repeat_heads(k_all, n_rep), _repeat_heads(v_all, n_rep)
+        keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
         dq = torch.empty_like(q)
         dk = torch.zeros(keys.shape, dtype=torch.float32, device=q.device)
         dv = torch.zeros_like(dk)
@@ -203,7 +209,7 @@ class _AllGatherAttention(torch.autograd.Function):
                 dk[:, :, keys_at] += g_k.float()
                 dv[:, :, keys_at] += g_v.float()
             dq[:, :, mine] = dq_c.to(q.dtype)
-        if n_rep > 1:  # each kv head served n_rep consecutive query heads
+        if keys.shape[1] != k_all.shape[1]:  # repeated: each copy served one query head
             dk = dk.unflatten(1, (-1, n_rep)).sum(2)
             dv = dv.unflatten(1, (-1, n_rep)).sum(2)
         dk = _scatter_grad(dk, ctx.group, ctx.cp, ctx.k_dtype)

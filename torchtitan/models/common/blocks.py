@@ -41,16 +41,16 @@ class CausalAttention(nn.Module):
     ``[B, H_kv, T, D]`` -> ``[B, H, T, D]``.
 
     Each kv head serves ``H / H_kv`` consecutive query heads (Meta's ``repeat_kv`` convention).
+    SDPA takes the kv heads as they are (``enable_gqa``): no copy of keys and values per query
+    head, and no reduction of that copy's gradient in backward.
     A module of its own so that a parallelism can put another implementation of the same math in
     its place (context parallel swaps in one that gathers keys and values across ranks).
     """
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        n_rep = q.shape[1] // k.shape[1]
-        if n_rep > 1:
-            k = k.repeat_interleave(n_rep, dim=1)
-            v = v.repeat_interleave(n_rep, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+        )
 
 
 class FeedForward(nn.Module):

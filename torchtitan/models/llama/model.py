@@ -137,7 +137,10 @@ def rope_inv_freqs(args: ModelArgs, device: torch.device | str | None = None) ->
 def precompute_rope_cache(
     args: ModelArgs, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """Cos/sin table ``[max_seq_len, head_dim // 2, 2]`` (float32) for positions 0..max_seq_len-1.
+    """Cos/sin table ``[max_seq_len, head_dim // 2, 2]`` (float32) for positions 0..max_seq_len-1:
+    the unit rotations ``exp(i * position * freq)`` as (real, imaginary) pairs (Meta's
+    ``freqs_cis`` seen by ``torch.view_as_real``). A real tensor, so that ``model.to(dtype)``
+    cannot drop its imaginary part.
 
     Angles are computed in float64 so long contexts keep their precision, then stored as float32.
     """
@@ -152,19 +155,16 @@ def apply_rotary_emb(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate queries and keys ``[B, T, heads, head_dim]`` by their position (0..T-1).
 
-    Adjacent channels ``(2i, 2i+1)`` form the complex pair rotated at frequency ``i`` (Meta's
-    layout). The rotation runs in float32 and the result keeps the input dtype.
+    Adjacent channels ``(2i, 2i+1)`` form the complex number rotated at frequency ``i`` (Meta's
+    layout): one complex multiply by the cached unit rotation, no per-call stacking. The rotation
+    runs in float32 and the result keeps the input dtype.
     """
-    seq_len = xq.shape[1]
-    cache = rope_cache[:seq_len]
-    cos = cache[..., 0].unsqueeze(0).unsqueeze(2)  # [1, T, 1, head_dim // 2]
-    sin = cache[..., 1].unsqueeze(0).unsqueeze(2)
+    # [T, 1, head_dim // 2] complex64: a view of the table, no copy
+    rotation = torch.view_as_complex(rope_cache[: xq.shape[1]].float()).unsqueeze(1)
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
-        pairs = x.float().unflatten(-1, (-1, 2))
-        even, odd = pairs[..., 0], pairs[..., 1]
-        out = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-        return out.flatten(-2).type_as(x)
+        pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+        return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
 
     return rotate(xq), rotate(xk)
 

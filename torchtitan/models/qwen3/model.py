@@ -93,13 +93,16 @@ def rope_inv_freqs(args: Qwen3ModelArgs, device: torch.device | str | None = Non
 def precompute_rope_cache(
     args: Qwen3ModelArgs, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """Cos/sin table ``[max_seq_len, head_dim // 2, 2]`` (float32), position-major (context
-    parallel keeps the rows of the positions a rank holds). Angles in float64, stored as float32.
+    """``[max_seq_len, 2, head_dim]`` float32, position-major (context parallel keeps the rows of
+    the positions a rank holds): row ``[p, 0]`` is ``cos`` of position ``p``'s angles for both
+    halves of a head, row ``[p, 1]`` is ``(-sin, sin)``, so the rotation is two multiplies and an
+    add (:func:`apply_rotary_emb`). Angles in float64, stored as float32.
     """
     freqs = rope_inv_freqs(args, device=device)
     positions = torch.arange(args.max_seq_len, dtype=torch.float64, device=device)
     angles = torch.outer(positions, freqs)
-    return torch.stack((angles.cos(), angles.sin()), dim=-1).to(torch.float32)
+    cos, sin = angles.cos(), angles.sin()
+    return torch.stack((torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)), 1).float()
 
 
 def apply_rotary_emb(
@@ -108,18 +111,17 @@ def apply_rotary_emb(
     """Rotate queries and keys ``[B, T, heads, head_dim]`` by their position (0..T-1).
 
     Half-split layout (``transformers``' ``rotate_half``): channel ``i`` and channel
-    ``i + head_dim / 2`` form the pair rotated at frequency ``i``. The rotation runs in float32
-    and the result keeps the input dtype.
+    ``i + head_dim / 2`` form the pair rotated at frequency ``i``:
+    ``x * cos + swap_halves(x) * (-sin, sin)``. The rotation runs in float32 and the result keeps
+    the input dtype.
     """
-    seq_len = xq.shape[1]
-    cache = rope_cache[:seq_len]
-    cos = cache[..., 0].unsqueeze(0).unsqueeze(2)  # [1, T, 1, head_dim // 2]
-    sin = cache[..., 1].unsqueeze(0).unsqueeze(2)
+    table = rope_cache[: xq.shape[1]].unsqueeze(2)  # [T, 2, 1, head_dim]
+    cos, signed_sin = table[:, 0], table[:, 1]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
-        first, second = x.float().chunk(2, dim=-1)
-        out = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
-        return out.type_as(x)
+        x32 = x.float()
+        first, second = x32.chunk(2, dim=-1)
+        return (x32 * cos + torch.cat((second, first), dim=-1) * signed_sin).type_as(x)
 
     return rotate(xq), rotate(xk)
 
