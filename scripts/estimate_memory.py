@@ -169,6 +169,7 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from torchtitan import builders
+    from torchtitan.distributed.loss_parallel import build_loss_fn
 
     dims, spec, t = plan.dims, plan.spec, job_config.training
     dims.build_mesh("cpu")
@@ -183,12 +184,13 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
             with torch.no_grad():
                 part.init_weights()
         optimizer = spec.build_optimizer_fn(list(parts.values()), job_config.optimizer)
+        loss_fn = build_loss_fn(spec.loss_fn, dims, job_config, list(parts.values()))
         batch = plan.pipeline.microbatch_size if plan.pipeline else t.local_batch_size
         inflight = _microbatches_in_flight(plan, pp_rank)
         shape = (inflight, batch, t.seq_len // dims.cp)
         dtype = _param_dtype(job_config, device_type)
         stages = [
-            _trace_stage(part, opt, stage, plan, model_args, shape, dtype, job_config)
+            _trace_stage(part, opt, stage, plan, model_args, shape, dtype, job_config, loss_fn)
             for (stage, part), opt in zip(parts.items(), optimizer.optimizers)
         ]
     state, local_parameters = _formula_state(parts, job_config)
@@ -205,7 +207,9 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
     }
 
 
-def _trace_stage(part, optimizer, stage, plan, model_args, shape, dtype, job_config) -> dict:
+def _trace_stage(
+    part, optimizer, stage, plan, model_args, shape, dtype, job_config, loss_fn
+) -> dict:
     """Peak bytes of one stage over a training step, by kind: ``shape[0]`` micro-batches go
     forward before the first goes backward (a pipeline's warm-up; 1 without pipelining), then the
     optimizer steps; twice, as the first step creates the optimizer state. The tracker keeps the
@@ -224,7 +228,7 @@ def _trace_stage(part, optimizer, stage, plan, model_args, shape, dtype, job_con
                 for _ in range(inflight):
                     tracker.reset_mod_stats()  # per-module statistics allow one call; peak stays
                     losses.append(
-                        _stage_forward(part, plan, model_args, first, last, batch, seq, dtype)
+                        _stage_forward(part, model_args, first, last, batch, seq, dtype, loss_fn)
                     )
             with loss_context(plan.dims, job_config):
                 for loss in losses:
@@ -242,8 +246,9 @@ def _trace_stage(part, optimizer, stage, plan, model_args, shape, dtype, job_con
     return by_kind
 
 
-def _stage_forward(part, plan, model_args, first, last, batch, seq, dtype):
-    """A scalar to call backward on: the loss on the last stage, else a sum of the output."""
+def _stage_forward(part, model_args, first, last, batch, seq, dtype, loss_fn):
+    """A scalar to call backward on: the loss as training computes it (whole or in pieces,
+    ``training.loss_chunks``) on the last stage, else a sum of the output."""
     import torch
 
     if first:
@@ -252,7 +257,7 @@ def _stage_forward(part, plan, model_args, first, last, batch, seq, dtype):
         x = torch.randn(batch, seq, model_args.dim, dtype=dtype, requires_grad=True)
     out = part(x)
     if last:
-        return plan.spec.loss_fn(out, torch.randint(0, model_args.vocab_size, (batch, seq)))
+        return loss_fn(out, torch.randint(0, model_args.vocab_size, (batch, seq)))
     return out.float().sum()
 
 

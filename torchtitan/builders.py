@@ -207,7 +207,7 @@ def _local_numel(p: torch.Tensor) -> int:
 def build_step_runner(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> StepRunner:
     """The loss (compiled if ``compile.components`` says so) and, under pipeline parallelism,
     the schedule over this rank's stages, wrapped in the one step runner."""
-    loss_fn = build_loss_fn(rt.spec.loss_fn, rt.dims, job_config)
+    loss_fn = build_loss_fn(rt.spec.loss_fn, rt.dims, job_config, model.parts)
     pipeline = None
     if rt.plan.pipeline is not None:
         pipeline = Pipeline(

@@ -188,6 +188,11 @@ class Training:
         "Sequences per optimizer step over all ranks; -1 = local_batch_size x data-parallel degree (no accumulation)",
     )
     seq_len: int = opt(2048, "Tokens per sequence", ge=1)
+    loss_chunks: int = opt(
+        0,
+        "Compute the output projection and cross entropy this many sequence pieces at a time, never holding the whole batch's logits (0 or 1 = all at once)",
+        ge=0,
+    )
     max_norm: float = opt(1.0, "Clip gradients to this global L2 norm", gt=0)
     steps: int = opt(10000, "Optimizer steps to train", ge=1)
     mixed_precision_param: str = opt(

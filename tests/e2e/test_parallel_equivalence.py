@@ -72,6 +72,18 @@ LAYOUTS = {
                                "--activation_checkpoint.selective_ac_option", "2",
                                "--training.local_batch_size", "8"]),
     "compile": (1, ["--compile.enable", "--training.local_batch_size", "8"]),
+    # the output projection and loss in pieces of the sequence (training.loss_chunks): with
+    # FSDP x vocab-parallel TP, on a pipeline's last stage, and compiled (model and loss)
+    "fsdp2_tp2_loss_chunks": (4, ["--parallelism.tensor_parallel_degree", "2",
+                                  "--training.loss_chunks", "4",
+                                  "--training.local_batch_size", "4"]),
+    "pp2_1f1b_loss_chunks": (2, ["--parallelism.pipeline_parallel_degree", "2",
+                                 "--parallelism.pipeline_parallel_schedule", "1F1B",
+                                 "--parallelism.pipeline_parallel_microbatch_size", "2",
+                                 "--training.loss_chunks", "3",
+                                 "--training.local_batch_size", "8"]),
+    "loss_chunks_compile": (1, ["--compile.enable", "--compile.components", "model,loss",
+                                "--training.loss_chunks", "4", "--training.local_batch_size", "8"]),
 }  # fmt: skip
 
 

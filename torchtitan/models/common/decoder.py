@@ -68,6 +68,9 @@ class Decoder(nn.Module, ABC):
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        # True: forward stops at the final norm and the loss applies ``output`` itself, piece by
+        # piece (``ChunkedOutputLoss``), so the whole batch's logits never exist at once
+        self.output_in_loss = False
 
     # ---- what a family provides
 
@@ -139,13 +142,14 @@ class Decoder(nn.Module, ABC):
                 trunc_normal_(self.output.weight, std=0.02)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits for every position; stages without embeddings take hidden states instead."""
+        """Logits for every position (the final norm's output with ``output_in_loss``); stages
+        without embeddings take hidden states instead, stages without the output return them."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope_cache)
         if self.norm is not None:
             h = self.norm(h)
-        if self.output is not None:
+        if self.output is not None and not self.output_in_loss:
             return self.output(h).float()
         return h
 
