@@ -95,7 +95,7 @@ def tp_styles():
 
     Each casts its input to float8 with a tensorwise scale before the redistribution, so the
     sequence-parallel all-gathers move float8 bytes; the prepare style casts a block input once
-    for all the linears that read it (attention's wq/wk/wv, the feed-forward's w1/w3).
+    for all the linears that read it (attention's wqkv, the feed-forward's w1/w3).
     """
     from torchao.float8.float8_tensor_parallel import (
         Float8ColwiseParallel,

@@ -92,6 +92,22 @@ def test_resume_under_another_layout_continues_the_same_training(tmp_path, unbro
 
 
 @pytest.mark.slow
+def test_a_checkpoint_from_before_the_fused_qkv_resumes_exactly(tmp_path, unbroken):
+    """A checkpoint with separate wq/wk/wv weights and optimizer moments (the layout before
+    ``wqkv``) resumes under FSDP on 2 processes and continues the same training."""
+    from old_layouts import unfuse_qkv
+
+    _train(tmp_path, 10, *ONE_PROCESS)
+    unfuse_qkv(_folder(tmp_path) / "step-10", n_heads=16, n_kv_heads=8)  # the debug model's
+    out = _train(tmp_path, 20, "--training.local_batch_size", "4", ngpu=2)
+    assert "written before the fused attention projection" in out.stdout
+    assert "(step 10)" in out.stdout
+    resumed = tensorboard_scalars_all_runs(tmp_path / "out")
+    for step in range(1, 21):
+        assert abs(resumed[step] - unbroken[step]) <= 1e-4, (step, resumed[step], unbroken[step])
+
+
+@pytest.mark.slow
 def test_incomplete_damaged_and_old_checkpoints(tmp_path, unbroken):
     _train(tmp_path, 15, *ONE_PROCESS, "--checkpoint.keep_latest_k", "2")
     folder = _folder(tmp_path)

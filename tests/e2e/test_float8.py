@@ -78,8 +78,8 @@ def float8_one_process(tmp_path_factory) -> dict[int, float]:
     losses, log = _losses(
         tmp_path_factory.mktemp("f8"), *FLOAT8, "--training.local_batch_size", "1"
     )
-    # one block: wq wk wv wo w1 w2 w3; the output layer stays in high precision
-    assert "Float8 training (tensorwise scaling) on 7 linear layers; skipped: output" in log, log
+    # one block: wqkv wo w1 w2 w3; the output layer stays in high precision
+    assert "Float8 training (tensorwise scaling) on 5 linear layers; skipped: output" in log, log
     assert "Float8 on CPU runs torch's CPU float8 matmul" in log
     return losses
 
@@ -104,7 +104,7 @@ def test_fsdp_float8_all_gather_matches_one_process(tmp_path, float8_one_process
     )  # fmt: skip
     gaps = [abs(losses[s] - float8_one_process[s]) for s in losses]
     print(f"\nFSDP-2 float8 all-gather vs 1 process: step 1 gap {gaps[0]:.2e}, max {max(gaps):.2e}")
-    assert "Float8 training (tensorwise scaling) on 7 linear layers" in log
+    assert "Float8 training (tensorwise scaling) on 5 linear layers" in log
     # bit-equal until a gradient summed in another order rounds to another float8 value
     assert gaps[0] < 1e-6 and gaps[1] < 1e-6, (losses, float8_one_process)
     assert max(gaps) < 2e-4, (losses, float8_one_process)  # measured 3e-5
@@ -114,14 +114,17 @@ def test_tp_float8_matches_one_process(tmp_path, float8_one_process):
     # dp = 1: each rank runs both micro-batches of one sequence, as the 1-process run does
     losses, log = _losses(tmp_path, *FLOAT8, *TP2, *ONE_SEQUENCE, ngpu=2)
     assert (
-        "Float8 tensor parallel: torchao's float8 styles on 7 linears, "
+        "Float8 tensor parallel: torchao's float8 styles on 5 linears, "
         "2 block inputs all-gathered in float8"
     ) in log, log
     gaps = _gaps(losses, float8_one_process)
     print(f"\nTP-2 float8 vs 1 process: gaps {' '.join(f'{g:.1e}' for g in gaps)}")
     # float32 is 2e-4 away at step 1: the float8 matmuls ran under TP too
     assert gaps[0] < 1e-6, (losses, float8_one_process)  # measured 0
-    assert max(gaps[:3]) < 1e-5, (losses, float8_one_process)  # measured 1e-6 (one ulp)
+    # measured 1e-6 (one ulp) with separate wq/wk/wv, 1.1e-5 at step 2 with the fused wqkv (its
+    # one tensorwise scale covers q, k and v: a gradient summed in another order can round to
+    # another float8 value one step earlier)
+    assert max(gaps[:3]) < 3e-5, (losses, float8_one_process)
     assert max(gaps) < 2e-4, (losses, float8_one_process)  # measured 3e-5
 
 
@@ -136,7 +139,7 @@ def test_tp_fsdp_float8_all_gather_matches_one_process(tmp_path, float8_one_proc
         ngpu=4,
     )
     assert "world_size=4 dp_replicate=1 dp_shard=2 cp=1 tp=2" in log, log
-    assert "float8 styles on 7 linears, 2 block inputs all-gathered in float8" in log, log
+    assert "float8 styles on 5 linears, 2 block inputs all-gathered in float8" in log, log
     gaps = _gaps(losses, float8_one_process)
     print(f"\nTP-2 x FSDP-2 float8 vs 1 process: gaps {' '.join(f'{g:.1e}' for g in gaps)}")
     # step 1's weight scales are per TP shard (see the module docstring), later ones global
@@ -148,7 +151,7 @@ def test_tp_float8_rowwise_matches_one_process(tmp_path):
     rowwise = [*FLOAT8, "--float8.recipe_name", "rowwise", *ONE_SEQUENCE]
     reference, _ = _losses(tmp_path / "one", *rowwise, steps=3)
     losses, log = _losses(tmp_path / "tp", *rowwise, *TP2, ngpu=2, steps=3)
-    assert "Float8 training (rowwise scaling) on 7 linear layers" in log, log
+    assert "Float8 training (rowwise scaling) on 5 linear layers" in log, log
     assert "Float8 tensor parallel" not in log, log  # rowwise keeps the plain TP styles
     gaps = _gaps(losses, reference)
     print(f"\nTP-2 float8 rowwise vs 1 process: gaps {' '.join(f'{g:.1e}' for g in gaps)}")

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from torchtitan.models.common.blocks import fuse_qkv, split_qkv
 from torchtitan.models.llama.flavors import llama2_configs, llama3_configs
 from torchtitan.models.llama.model import (
     Attention,
@@ -206,9 +207,10 @@ def test_gqa_matches_reference() -> None:
 
         bsz, seq_len, _ = x.shape
         hd, n_rep = args.head_dim, args.n_heads // args.n_kv_heads
-        q = reference_rotary(attn.wq(x).view(bsz, seq_len, args.n_heads, hd), args.rope_theta)
-        k = reference_rotary(attn.wk(x).view(bsz, seq_len, args.n_kv_heads, hd), args.rope_theta)
-        v = attn.wv(x).view(bsz, seq_len, args.n_kv_heads, hd)
+        wq, wk, wv = split_qkv(attn.wqkv.weight, args.n_heads, args.n_kv_heads)
+        q = reference_rotary((x @ wq.T).view(bsz, seq_len, args.n_heads, hd), args.rope_theta)
+        k = reference_rotary((x @ wk.T).view(bsz, seq_len, args.n_kv_heads, hd), args.rope_theta)
+        v = (x @ wv.T).view(bsz, seq_len, args.n_kv_heads, hd)
         mask = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
         heads = []
         for h in range(args.n_heads):
@@ -218,6 +220,23 @@ def test_gqa_matches_reference() -> None:
             heads.append(scores.softmax(-1) @ v[:, :, kv])
         expected = attn.wo(torch.cat(heads, dim=-1))
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_qkv_rows_are_grouped_by_kv_head() -> None:
+    # 4 query heads, 2 kv heads, head_dim 1: rows q0 q1 k0 v0 | q2 q3 k1 v1 (Megatron's order)
+    wq, wk, wv = (
+        torch.arange(4.0)[:, None],
+        10 + torch.arange(2.0)[:, None],
+        20 + torch.arange(2.0)[:, None],
+    )
+    fused = fuse_qkv(wq, wk, wv, n_kv_heads=2)
+    assert fused.flatten().tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
+    for a, b in zip(split_qkv(fused, n_heads=4, n_kv_heads=2), (wq, wk, wv)):
+        assert torch.equal(a, b)
+    # any trailing shape (an optimizer moment of a [rows, dim] weight), head_dim 3
+    parts = [torch.randn(n * 3, 5) for n in (6, 2, 2)]
+    back = split_qkv(fuse_qkv(*parts, n_kv_heads=2), n_heads=6, n_kv_heads=2)
+    assert all(torch.equal(a, b) for a, b in zip(back, parts))
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,8 +339,8 @@ def test_init_deterministic_and_materialized() -> None:
     for key in sa:
         assert torch.equal(sa[key], sb[key]), key
     assert not torch.equal(
-        sa["layers.0.attention.wq.weight"],
-        build(args, seed=7).state_dict()["layers.0.attention.wq.weight"],
+        sa["layers.0.attention.wqkv.weight"],
+        build(args, seed=7).state_dict()["layers.0.attention.wqkv.weight"],
     )
     assert "rope_cache" not in sa  # non-persistent
     torch.testing.assert_close(a.rope_cache, precompute_rope_cache(args), rtol=0, atol=0)

@@ -121,8 +121,8 @@ def test_rotary_is_transformers_half_split_layout():
 def test_shapes_decouple_head_dim_from_dim():
     args = TINY["untied"]
     attention = _ours(args).layers["0"].attention
-    assert attention.wq.weight.shape == (args.n_heads * args.head_dim, args.dim)  # (96, 64)
-    assert attention.wk.weight.shape == (args.n_kv_heads * args.head_dim, args.dim)
+    q_rows, kv_rows = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim  # 96, 32
+    assert attention.wqkv.weight.shape == (q_rows + 2 * kv_rows, args.dim)
     assert attention.wo.weight.shape == (args.dim, args.n_heads * args.head_dim)
     assert attention.q_norm.weight.shape == attention.k_norm.weight.shape == (args.head_dim,)
 
@@ -141,7 +141,7 @@ def test_init_resets_qk_norms_and_is_deterministic():
             assert torch.equal(p, torch.ones_like(p)), name
     assert a.output.weight is a.tok_embeddings.weight
     block = a.layers["1"]
-    assert block.attention.wo.weight.std().item() < block.attention.wq.weight.std().item()
+    assert block.attention.wo.weight.std().item() < block.attention.wqkv.weight.std().item()
 
 
 # ----------------------------------------------------------------------------- HF conversion

@@ -70,6 +70,7 @@ from torchtitan.checkpoint.states import (
     RNGState,
     TrainState,
 )
+from torchtitan.checkpoint.unfused import apply_merges, plan_unfused_load
 from torchtitan.config_manager import JobConfig
 from torchtitan.log import logger
 
@@ -384,13 +385,14 @@ class CheckpointManager:
         keys = ("model",) if model_only else STATE_KEYS
         keys = tuple(k for k in keys if k not in self.cfg.exclude_from_loading)
         state = {k: self.objects[k].state_dict() for k in keys}
-        error = None
+        error, merges = None, []
         try:
             available = _checkpoint_keys(path)
             rng_prefix = f"rng.{self.objects['rng'].key}."
             if "rng" in state and not any(k.startswith(rng_prefix) for k in available):
                 logger.info(f"{path}: no RNG state for this rank (saved by another world size)")
                 del state["rng"]
+            merges = plan_unfused_load(state, available, self._adapter())
             _check_model_keys(path, state.get("model", {}), available)
             if step is not None and self.model_args is not None:  # this job's own history
                 _check_block_count(path, self.model_args.n_layers, available)
@@ -408,6 +410,12 @@ class CheckpointManager:
             raise CheckpointError(
                 f"checkpoint {path} cannot be loaded ({type(e).__name__}: {_first_line(e)})"
             ) from e
+        if merges:
+            apply_merges(state, merges, self._adapter())
+            logger.info(
+                f"{path}: written before the fused attention projection; merged its "
+                f"{len(merges)} separate wq/wk/wv entries"
+            )
         for k, v in state.items():
             self.objects[k].load_state_dict(v)
         if model_only:
@@ -417,6 +425,13 @@ class CheckpointManager:
             + (f" (step {self.train_state.step})" if not model_only else "")
             + f" in {time.perf_counter() - t0:.2f}s"
         )
+
+    def _adapter(self) -> Any:
+        """The family's state-dict adapter for this model (None where it has none): it knows
+        which parameters are fused and how."""
+        if self.hf.adapter is None or self.model_args is None:
+            return None
+        return self.hf.adapter(self.model_args)
 
     # ---- Hugging Face
 

@@ -131,20 +131,20 @@ def _materialize_async_output(module: nn.Module, inputs: Any, output: torch.Tens
 
 
 def decoder_block_plan(styles: BlockStyles) -> dict[str, Any]:
-    """The plan of the shared ``TransformerBlock`` (``models/common/blocks.py``), Megatron-style: column-wise wq/wk/wv/w1/w3, row-wise wo/w2 (their outputs reduce-scattered
-    back to the sequence-sharded ``Shard(1)`` activations), sequence-parallel norms. ``styles``
+    """The plan of the shared ``TransformerBlock`` (``models/common/blocks.py``), Megatron-style:
+    column-wise wqkv/w1/w3 (``wqkv`` rows are grouped by kv head, so each rank gets whole groups
+    of query, key and value heads), row-wise wo/w2 (their outputs reduce-scattered back to the
+    sequence-sharded ``Shard(1)`` activations), sequence-parallel norms. ``styles``
     picks torchao's float8 style for float8 linears (``styles.block`` is the block)."""
     return {
         "attention_norm": SequenceParallel(),
         "attention": styles.prepare_input(
             "attention",
-            ("wq", "wk", "wv"),
+            ("wqkv",),
             input_layouts=(Shard(1), None),
             desired_input_layouts=(Replicate(), None),
         ),
-        "attention.wq": styles.colwise("attention.wq"),
-        "attention.wk": styles.colwise("attention.wk"),
-        "attention.wv": styles.colwise("attention.wv"),
+        "attention.wqkv": styles.colwise("attention.wqkv"),
         "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
         "feed_forward": styles.prepare_input(

@@ -1,9 +1,10 @@
-"""Blocks that several families share: truncated-normal init, causal attention, SwiGLU, the
-pre-norm transformer block."""
+"""Blocks that several families share: truncated-normal init, causal attention, grouped-query
+attention with a fused QKV projection, SwiGLU, the pre-norm transformer block."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,6 +52,78 @@ class CausalAttention(nn.Module):
         return F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
         )
+
+
+def fuse_qkv(
+    wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, n_kv_heads: int
+) -> torch.Tensor:
+    """Separate ``wq [H * D, ...]``, ``wk [G * D, ...]``, ``wv [G * D, ...]`` as one ``wqkv``
+    whose rows are grouped by kv head: for each of the ``G`` kv heads, its ``H / G`` query heads,
+    then its key head, then its value head (Megatron-LM's layout, so that a column-wise split
+    into whole groups gives each tensor-parallel rank whole heads of all three). Any trailing
+    shape (a weight, or an optimizer moment of one)."""
+    head_dim = wk.shape[0] // n_kv_heads
+    parts = [w.unflatten(0, (n_kv_heads, -1, head_dim)) for w in (wq, wk, wv)]
+    return torch.cat(parts, dim=1).flatten(0, 2)
+
+
+def split_qkv(
+    wqkv: torch.Tensor, n_heads: int, n_kv_heads: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of :func:`fuse_qkv`: ``(wq, wk, wv)``."""
+    n_rep = n_heads // n_kv_heads
+    grouped = wqkv.unflatten(0, (n_kv_heads, n_rep + 2, -1))  # [G, n_rep + 2, D, ...]
+    wq, wk, wv = grouped.split((n_rep, 1, 1), dim=1)
+    return wq.flatten(0, 2), wk.flatten(0, 2), wv.flatten(0, 2)
+
+
+Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal grouped-query self-attention without biases: one fused projection ``wqkv`` (rows
+    as :func:`fuse_qkv` lays them out: one matmul for queries, keys and values), the family's
+    rotary embedding ``rotary(xq, xk, rope_cache)``, SDPA with the kv heads as they are, ``wo``.
+
+    Queries are ``[B, T, G, H / G, D]`` and keys/values ``[B, T, G, 1, D]`` views of the
+    projection (``G`` kv heads, position in dim 1) until the rotation makes new tensors. Head
+    counts are read from the projected shape, so tensor parallelism may shard ``wqkv``
+    column-wise into whole groups (its degree divides ``n_kv_heads``) and ``wo`` row-wise.
+    """
+
+    def __init__(
+        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, rotary: Rotary
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.n_rep = n_heads // n_kv_heads
+        self.rotary = rotary
+        self.wqkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.sdpa = CausalAttention()
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Queries ``[B, T, G, H / G, D]``, keys and values ``[B, T, G, 1, D]`` (views)."""
+        qkv = self.wqkv(x).unflatten(-1, (-1, self.n_rep + 2, self.head_dim))
+        return qkv.split((self.n_rep, 1, 1), dim=3)
+
+    def attend(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor) -> torch.Tensor:
+        """Attention over the grouped heads, then ``wo``."""
+        bsz, seq_len = xq.shape[:2]
+        # [B, T, G, r, D] -> [B, T, G * r, D] -> [B, heads, T, D]
+        q, k, v = (t.flatten(2, 3).transpose(1, 2) for t in (xq, xk, xv))
+        out = self.sdpa(q, k, v)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
+
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+        xq, xk, xv = self.project(x)
+        xq, xk = self.rotary(xq, xk, rope_cache)
+        return self.attend(xq, xk, xv)
+
+    def init_weights(self, init_std: float) -> None:
+        """wqkv: truncated normal std 0.02; wo: the given (depth-scaled) std."""
+        trunc_normal_(self.wqkv.weight, std=0.02)
+        trunc_normal_(self.wo.weight, std=init_std)
 
 
 class FeedForward(nn.Module):

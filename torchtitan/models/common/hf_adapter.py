@@ -3,8 +3,14 @@
 A family subclasses :class:`HFStateDictAdapter` with its name tables (per block and outside the
 blocks), any per-tensor layout change, ``hf_config`` (the ``config.json`` of these
 hyper-parameters) and ``args_from_hf_config``. The generic part here does the renaming, the tied
-output, the pipeline-stage filtering and one error listing every missing, unexpected or
+output, the pipeline-stage filtering, the split of fused parameters into the separate tensors
+Hugging Face stores (and their merge back), and one error listing every missing, unexpected or
 misshapen tensor. The checkpoint manager and the scripts reach it only through the train spec.
+
+Fused parameters: the attention's ``wqkv`` holds what Hugging Face (and this library's
+checkpoints before the fusion) store as ``wq``, ``wk`` and ``wv``. :meth:`~HFStateDictAdapter.unfuse`
+and :meth:`~HFStateDictAdapter.fuse` convert between the two layouts; the conversions by name
+then see the separate tensors only.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from torchtitan.errors import HFFormatError
+from torchtitan.models.common.blocks import fuse_qkv, split_qkv
 
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -36,6 +43,14 @@ class HFStateDictAdapter(ABC):
     }
     #: Hugging Face tensors that are not weights (old exports carry the rotary table)
     ignored: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+    #: fused parameter inside a block -> the separate tensors it holds, in order
+    fused: ClassVar[dict[str, tuple[str, ...]]] = {
+        "attention.wqkv.weight": (
+            "attention.wq.weight",
+            "attention.wk.weight",
+            "attention.wv.weight",
+        )
+    }
 
     def __init__(self, args: Any) -> None:
         self.args = args
@@ -112,12 +127,56 @@ class HFStateDictAdapter(ABC):
         m = _LAYER_KEY.match(name)
         return name in self.top_names if m is None else int(m.group(1)) < self.args.n_layers
 
+    # ---- fused parameters
+
+    def fused_parts(self, name: str) -> tuple[str, ...] | None:
+        """The full names of the separate tensors that parameter ``name`` fuses (None if it is
+        not fused)."""
+        m = _LAYER_KEY.match(name)
+        if m is None or m.group(2) not in self.fused:
+            return None
+        return tuple(f"layers.{m.group(1)}.{part}" for part in self.fused[m.group(2)])
+
+    def split_tensor(self, name: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Fused ``w`` (or a tensor of its shape, e.g. an optimizer moment) as its parts."""
+        return split_qkv(w, self.args.n_heads, self.args.n_kv_heads)
+
+    def merge_tensors(self, name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+        """The inverse of :meth:`split_tensor`."""
+        return fuse_qkv(*parts, n_kv_heads=self.args.n_kv_heads)
+
+    def unfuse(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` with each fused (full) tensor replaced by its separate parts; shapes
+        (``torch.Size``) are split the same way."""
+        out: dict[str, Any] = {}
+        for name, w in state.items():
+            parts = self.fused_parts(name)
+            if parts is None:
+                out[name] = w
+                continue
+            if isinstance(w, torch.Size):
+                pieces = self.split_tensor(name, torch.empty(w, device="meta"))
+                out.update({p: t.shape for p, t in zip(parts, pieces)})
+            else:
+                out.update(zip(parts, self.split_tensor(name, w)))
+        return out
+
+    def fuse(self, state: dict[str, Any], fused_names: list[str]) -> dict[str, Any]:
+        """``state`` with the parts of each of ``fused_names`` merged into it (parts missing from
+        ``state`` leave that parameter out)."""
+        out = dict(state)
+        for name in fused_names:
+            parts = self.fused_parts(name) or ()
+            if parts and all(p in out for p in parts):
+                out[name] = self.merge_tensors(name, [out.pop(p) for p in parts])
+        return out
+
     # ---- state dicts
 
     def to_hf(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Our (full, unsharded) state dict in ``transformers``' names and layout."""
         out = {}
-        for name, w in state.items():
+        for name, w in self.unfuse(state).items():
             if name == "output.weight" and self.args.tie_word_embeddings:
                 continue  # transformers ties lm_head to embed_tokens itself
             out[self.hf_name(name)] = self.tensor_to_hf(name, w).contiguous()
@@ -129,6 +188,8 @@ class HFStateDictAdapter(ABC):
         """``transformers`` weights as our state dict. ``expected``: the names and shapes of the
         parameters wanted (a pipeline stage's: the other stages' are dropped); any name or shape
         that does not match is listed in one HFFormatError."""
+        fused_names = [n for n in expected if self.fused_parts(n)]
+        expected = self.unfuse(expected)
         state: dict[str, torch.Tensor] = {}
         unexpected = []
         for hf, w in hf_state.items():
@@ -162,4 +223,4 @@ class HFStateDictAdapter(ABC):
             raise HFFormatError(
                 "Hugging Face weights do not match this model (" + "; ".join(problems) + ")"
             )
-        return state
+        return self.fuse(state, fused_names)

@@ -25,10 +25,9 @@ import torch
 from torch import nn
 
 from torchtitan.models.common.blocks import (
-    CausalAttention,
     FeedForward,
+    GroupedQueryAttention,
     TransformerBlock,
-    trunc_normal_,
 )
 from torchtitan.models.common.decoder import Decoder, check_decoder_args, get_nparams_and_flops
 from torchtitan.models.norms import NORM_TYPES, RMSNorm, build_norm
@@ -153,18 +152,20 @@ def precompute_rope_cache(
 def apply_rotary_emb(
     xq: torch.Tensor, xk: torch.Tensor, rope_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate queries and keys ``[B, T, heads, head_dim]`` by their position (0..T-1).
+    """Rotate queries and keys ``[B, T, ..., head_dim]`` (position in dim 1, any head dims) by
+    their position (0..T-1).
 
     Adjacent channels ``(2i, 2i+1)`` form the complex number rotated at frequency ``i`` (Meta's
     layout): one complex multiply by the cached unit rotation, no per-call stacking. The rotation
     runs in float32 and the result keeps the input dtype.
     """
-    # [T, 1, head_dim // 2] complex64: a view of the table, no copy
-    rotation = torch.view_as_complex(rope_cache[: xq.shape[1]].float()).unsqueeze(1)
+    # [T, head_dim // 2] complex64: a view of the table, no copy
+    rotation = torch.view_as_complex(rope_cache[: xq.shape[1]].float())
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
         pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-        return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
+        turned = pairs * rotation.view(x.shape[1], *(1,) * (x.ndim - 3), -1)
+        return torch.view_as_real(turned).flatten(-2).type_as(x)
 
     return rotate(xq), rotate(xk)
 
@@ -174,42 +175,14 @@ def apply_rotary_emb(
 # --------------------------------------------------------------------------------------------
 
 
-class Attention(nn.Module):
-    """Causal grouped-query self-attention with rotary embeddings (no biases, no dropout).
-
-    Head counts are read from the projected shapes in ``forward``, so tensor parallelism may
-    shard ``wq``/``wk``/``wv`` column-wise and ``wo`` row-wise without changes here.
-    """
+class Attention(GroupedQueryAttention):
+    """Causal grouped-query self-attention with Meta's interleaved rotary embeddings (no biases,
+    no dropout), through one fused ``wqkv`` projection (see
+    :class:`~torchtitan.models.common.blocks.GroupedQueryAttention`)."""
 
     def __init__(self, args: ModelArgs) -> None:
-        super().__init__()
         assert args.n_kv_heads is not None
-        self.n_heads = args.n_heads
-        self.n_kv_heads = args.n_kv_heads
-        self.head_dim = args.head_dim
-        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
-        self.sdpa = CausalAttention()
-
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
-        bsz, seq_len, _ = x.shape
-        xq = self.wq(x).view(bsz, seq_len, -1, self.head_dim)
-        xk = self.wk(x).view(bsz, seq_len, -1, self.head_dim)
-        xv = self.wv(x).view(bsz, seq_len, -1, self.head_dim)
-        xq, xk = apply_rotary_emb(xq, xk, rope_cache)
-
-        # [B, T, H, D] -> [B, H, T, D]
-        out = self.sdpa(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2))
-        out = out.transpose(1, 2).reshape(bsz, seq_len, -1)
-        return self.wo(out)
-
-    def init_weights(self, init_std: float) -> None:
-        """wq/wk/wv: truncated normal std 0.02; wo: the given (depth-scaled) std."""
-        for linear in (self.wq, self.wk, self.wv):
-            trunc_normal_(linear.weight, std=0.02)
-        trunc_normal_(self.wo.weight, std=init_std)
+        super().__init__(args.dim, args.n_heads, args.n_kv_heads, args.head_dim, apply_rotary_emb)
 
 
 class Transformer(Decoder):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from torchtitan.models.common.blocks import CausalAttention, TransformerBlock, trunc_normal_
+from torchtitan.models.common.blocks import GroupedQueryAttention, TransformerBlock
 from torchtitan.models.common.decoder import Decoder, check_decoder_args, get_nparams_and_flops
 from torchtitan.models.norms import build_norm
 
@@ -108,17 +108,19 @@ def precompute_rope_cache(
 def apply_rotary_emb(
     xq: torch.Tensor, xk: torch.Tensor, rope_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate queries and keys ``[B, T, heads, head_dim]`` by their position (0..T-1).
+    """Rotate queries and keys ``[B, T, ..., head_dim]`` (position in dim 1, any head dims) by
+    their position (0..T-1).
 
     Half-split layout (``transformers``' ``rotate_half``): channel ``i`` and channel
     ``i + head_dim / 2`` form the pair rotated at frequency ``i``:
     ``x * cos + swap_halves(x) * (-sin, sin)``. The rotation runs in float32 and the result keeps
     the input dtype.
     """
-    table = rope_cache[: xq.shape[1]].unsqueeze(2)  # [T, 2, 1, head_dim]
-    cos, signed_sin = table[:, 0], table[:, 1]
+    table = rope_cache[: xq.shape[1]]  # [T, 2, head_dim]
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
+        shape = (x.shape[1], *(1,) * (x.ndim - 3), -1)  # broadcast over the head dims
+        cos, signed_sin = table[:, 0].view(shape), table[:, 1].view(shape)
         x32 = x.float()
         first, second = x32.chunk(2, dim=-1)
         return (x32 * cos + torch.cat((second, first), dim=-1) * signed_sin).type_as(x)
@@ -131,46 +133,30 @@ def apply_rotary_emb(
 # --------------------------------------------------------------------------------------------
 
 
-class Qwen3Attention(nn.Module):
-    """Causal grouped-query self-attention with QK-norm and rotary embeddings (no biases).
+class Qwen3Attention(GroupedQueryAttention):
+    """Causal grouped-query self-attention with QK-norm and half-split rotary embeddings (no
+    biases), through one fused ``wqkv`` projection (see
+    :class:`~torchtitan.models.common.blocks.GroupedQueryAttention`).
 
-    Head counts are read from the projected shapes in ``forward``, so tensor parallelism may
-    shard ``wq``/``wk``/``wv`` column-wise and ``wo`` row-wise; the QK norms act on each head
-    separately and work on any subset of the heads (see ``qwen3/parallelize.py``).
+    The QK norms act on each head separately and work on any subset of the heads, so tensor
+    parallelism's whole-group shards of ``wqkv`` need nothing more (see ``qwen3/parallelize.py``).
     """
 
     def __init__(self, args: Qwen3ModelArgs) -> None:
-        super().__init__()
         assert args.n_kv_heads is not None
-        self.n_heads = args.n_heads
-        self.n_kv_heads = args.n_kv_heads
-        self.head_dim = args.head_dim
-        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        super().__init__(args.dim, args.n_heads, args.n_kv_heads, args.head_dim, apply_rotary_emb)
         self.q_norm = build_norm(args.norm_type, args.head_dim, args.norm_eps)
         self.k_norm = build_norm(args.norm_type, args.head_dim, args.norm_eps)
-        self.sdpa = CausalAttention()
 
     def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
-        bsz, seq_len, _ = x.shape
-        xq = self.wq(x).view(bsz, seq_len, -1, self.head_dim)
-        xk = self.wk(x).view(bsz, seq_len, -1, self.head_dim)
-        xv = self.wv(x).view(bsz, seq_len, -1, self.head_dim)
-        xq, xk = self.q_norm(xq), self.k_norm(xk)
-        xq, xk = apply_rotary_emb(xq, xk, rope_cache)
-
-        # [B, T, H, D] -> [B, H, T, D]; SDPA's default scale is head_dim ** -0.5, as in Qwen3
-        out = self.sdpa(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2))
-        out = out.transpose(1, 2).reshape(bsz, seq_len, -1)
-        return self.wo(out)
+        xq, xk, xv = self.project(x)
+        # SDPA's default scale is head_dim ** -0.5, as in Qwen3
+        xq, xk = self.rotary(self.q_norm(xq), self.k_norm(xk), rope_cache)
+        return self.attend(xq, xk, xv)
 
     def init_weights(self, init_std: float) -> None:
-        """wq/wk/wv: truncated normal std 0.02; wo: the given (depth-scaled) std; QK norms: 1."""
-        for linear in (self.wq, self.wk, self.wv):
-            trunc_normal_(linear.weight, std=0.02)
-        trunc_normal_(self.wo.weight, std=init_std)
+        """wqkv: truncated normal std 0.02; wo: the given (depth-scaled) std; QK norms: 1."""
+        super().init_weights(init_std)
         self.q_norm.reset_parameters()
         self.k_norm.reset_parameters()
 

@@ -14,8 +14,8 @@ from torchtitan.distributed.tensor_parallel import BlockStyles, decoder_block_pl
 def block_plan(styles: BlockStyles) -> dict[str, Any]:
     """The shared decoder block plan (Megatron-style, as for Llama) plus the QK norms.
 
-    QK norms: after the column-wise ``wq``/``wk`` each TP rank holds whole heads (a plain local
-    ``[B, T, heads / tp, head_dim]`` tensor inside the attention), and each norm normalizes every
+    QK norms: after the column-wise ``wqkv`` each TP rank holds whole groups of heads (a plain
+    local ``[B, T, kv_heads / tp, heads_per_group, head_dim]`` tensor inside the attention), and each norm normalizes every
     head by itself with one ``[head_dim]`` scale. They are therefore "sequence parallel" over the
     head dimension: the weight becomes a replicated DTensor on the TP mesh (so FSDP x TP sees a
     DTensor on that mesh like every other parameter), the local heads are wrapped as
