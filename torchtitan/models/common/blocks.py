@@ -54,9 +54,7 @@ class CausalAttention(nn.Module):
         )
 
 
-def fuse_qkv(
-    wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, n_kv_heads: int
-) -> torch.Tensor:
+def fuse_qkv(wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     """Separate ``wq [H * D, ...]``, ``wk [G * D, ...]``, ``wv [G * D, ...]`` as one ``wqkv``
     whose rows are grouped by kv head: for each of the ``G`` kv heads, its ``H / G`` query heads,
     then its key head, then its value head (Megatron-LM's layout, so that a column-wise split
