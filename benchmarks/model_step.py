@@ -1,7 +1,7 @@
 """Our Llama training step against the shortest hand-written model of the same math; peak memory.
 
     python benchmarks/model_step.py [--shapes debug,512] [--warmup 1] [--rounds 6] [--steps 1] \\
-        [--loss-chunks 0,8] [--device cpu|cuda] [--no-memory] [--json]
+        [--time-chunks 8] [--loss-chunks 0,8] [--device cpu|cuda] [--no-memory] [--json]
 
 Timing: for each shape, ``torchtitan.models.llama.model.Transformer`` ("ours", loss
 ``cross_entropy_loss``) and :class:`ReferenceModel` below ("ref": one fused QKV projection,
@@ -16,7 +16,11 @@ first each round. Every step is timed with ``time.process_time`` (CPU time of th
 primary number on CPU, less disturbed by other work on a shared machine) and
 ``time.perf_counter`` (wall; the only one on CUDA, with ``torch.cuda.synchronize`` around each
 step). Reported per shape: the median ms per step of each, and the ratios: median over rounds of
-(ours round time / ref round time). A ratio <= 1.00 means ours is no slower.
+(ours round time / ref round time). A ratio <= 1.00 means ours is no slower. With
+``--time-chunks N`` (default 8; 0: off) a third model takes part in every round: ours with the
+output projection and loss in N pieces (``training.loss_chunks``); its column is the median over
+rounds of (its round time / ours whole): the time price of the memory saving below. The order of
+the models rotates from round to round.
 
 Memory: one training step of ours with ``--loss-chunks`` 0 (logits then loss) and N > 0
 (``model.output_in_loss = True`` and ``ChunkedOutputLoss(model.output, N)`` from
@@ -207,14 +211,18 @@ def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build_pair(shape: Shape, device: str) -> dict[str, Trainee]:
-    """Ours and the reference with their optimizers; their parameter counts must be equal."""
+def build_pair(shape: Shape, device: str, time_chunks: int = 0) -> dict[str, Trainee]:
+    """Ours and the reference with their optimizers; their parameter counts must be equal.
+    With ``time_chunks`` > 0 also ours with the loss in that many pieces ("chunked")."""
     ours, ref = build_ours(shape, device), build_reference(shape, device)
     assert n_params(ours) == n_params(ref), (shape, n_params(ours), n_params(ref))
-    return {
+    trainees = {
         "ours": make_trainee(ours, cross_entropy_loss),
         "ref": make_trainee(ref, reference_loss),
     }
+    if time_chunks > 0:
+        trainees["chunked"] = build_memory_trainee(shape, device, time_chunks)
+    return trainees
 
 
 def make_batches(shape: Shape, n: int, device: str, seed: int = 0) -> torch.Tensor:
@@ -251,16 +259,20 @@ def timed_steps(t: Trainee, batches: torch.Tensor, device: str) -> list[tuple[fl
 # --------------------------------------------------------------------------------------------
 
 
-def time_shape(shape: Shape, device: str, warmup: int, rounds: int, steps: int) -> dict:
-    """One row: median ms per step of ours and ref, and the median per-round time ratios."""
-    pair = build_pair(shape, device)
+def time_shape(
+    shape: Shape, device: str, warmup: int, rounds: int, steps: int, time_chunks: int = 0
+) -> dict:
+    """One row: median ms per step of ours and ref, and the median per-round time ratios (with
+    ``time_chunks``, also ours with the loss in pieces against ours whole)."""
+    pair = build_pair(shape, device, time_chunks)
     batches = make_batches(shape, steps, device)
     for t in pair.values():
         for i in range(warmup):
             train_step(t, batches[i % steps])
-    per_round: dict[str, list[list[tuple[float, float]]]] = {"ours": [], "ref": []}
+    names = list(pair)
+    per_round: dict[str, list[list[tuple[float, float]]]] = {n: [] for n in names}
     for r in range(rounds):
-        for name in ("ours", "ref") if r % 2 == 0 else ("ref", "ours"):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate who goes first
             per_round[name].append(timed_steps(pair[name], batches, device))
         ours_s, ref_s = (sum(w for _, w in per_round[n][-1]) for n in ("ours", "ref"))
         print(
@@ -274,12 +286,13 @@ def _summarize(shape: Shape, pair: dict[str, Trainee], per_round: dict, on_cpu: 
     def median_ms(name: str, i: int) -> float:
         return 1e3 * statistics.median(s[i] for rnd in per_round[name] for s in rnd)
 
-    def ratio(i: int) -> float:
+    def ratio(i: int, top: str = "ours", bottom: str = "ref") -> float:
         return statistics.median(
-            sum(s[i] for s in ours) / sum(s[i] for s in ref)
-            for ours, ref in zip(per_round["ours"], per_round["ref"])
+            sum(s[i] for s in a) / sum(s[i] for s in b)
+            for a, b in zip(per_round[top], per_round[bottom])
         )
 
+    chunked = "chunked" in per_round
     return {
         "shape": shape.name,
         "params": n_params(pair["ours"].model),
@@ -292,11 +305,15 @@ def _summarize(shape: Shape, pair: dict[str, Trainee], per_round: dict, on_cpu: 
         "ours_wall_ms": median_ms("ours", 1),
         "ref_wall_ms": median_ms("ref", 1),
         "ratio_wall": ratio(1),
+        "chunks_ratio_cpu": ratio(0, "chunked", "ours") if chunked and on_cpu else None,
+        "chunks_ratio_wall": ratio(1, "chunked", "ours") if chunked else None,
     }
 
 
-def time_shapes(shapes: list[Shape], device: str, warmup: int, rounds: int, steps: int) -> list:
-    return [time_shape(s, device, warmup, rounds, steps) for s in shapes]
+def time_shapes(
+    shapes: list[Shape], device: str, warmup: int, rounds: int, steps: int, time_chunks: int = 0
+) -> list:
+    return [time_shape(s, device, warmup, rounds, steps, time_chunks) for s in shapes]
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,16 +408,21 @@ def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def format_timing(rows: list[dict]) -> str:
+def format_timing(rows: list[dict], time_chunks: int = 0) -> str:
+    chunks = f"{'chunks ' + str(time_chunks) + ' / ours':>17}" if time_chunks else ""
     lines = [
         f"{'shape':<6} {'params':>11} {'ours ms':>9} {'ref ms':>9} {'ratio (cpu)':>12} "
-        f"{'ratio (wall)':>13} {'ours wall ms':>13} {'ref wall ms':>12}"
+        f"{'ratio (wall)':>13} {'ours wall ms':>13} {'ref wall ms':>12}" + chunks
     ]
     for r in rows:
+        cost = (
+            r["chunks_ratio_cpu"] if r["chunks_ratio_cpu"] is not None else r["chunks_ratio_wall"]
+        )
         lines.append(
             f"{r['shape']:<6} {r['params']:>11,} {_num(r['ours_cpu_ms'], '.1f'):>9} "
             f"{_num(r['ref_cpu_ms'], '.1f'):>9} {_num(r['ratio_cpu'], '.3f'):>12} "
             f"{r['ratio_wall']:>13.3f} {r['ours_wall_ms']:>13.1f} {r['ref_wall_ms']:>12.1f}"
+            + (f"{_num(cost, '.3f'):>17}" if time_chunks else "")
         )
     return "\n".join(lines)
 
@@ -431,6 +453,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=1, help="steps of each model per round")
     parser.add_argument("--loss-chunks", default="0,8", help="commas; 0 = no chunking")
+    parser.add_argument(
+        "--time-chunks",
+        type=int,
+        default=8,
+        help="also time ours with the loss in this many pieces, against ours whole (0: no)",
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--no-memory", action="store_true", help="skip the memory table")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -455,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(memory_worker(SHAPES[name], a.device, int(chunks))))
         return 0
     start = time.perf_counter()
-    timing = time_shapes(a.shapes, a.device, a.warmup, a.rounds, a.steps)
+    timing = time_shapes(a.shapes, a.device, a.warmup, a.rounds, a.steps, a.time_chunks)
     memory = []
     if not a.no_memory:
         have = chunked_loss_available()
@@ -483,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
         "ms = median per step (CPU time of the process on CPU), ratio = median over rounds "
         "of ours / ref (<= 1.00: ours no slower)"
     )
-    print(format_timing(timing))
+    print(format_timing(timing, a.time_chunks))
     if memory:
         print(f"\npeak memory of one training step of ours ({a.device})")
         print(format_memory(memory, a.device))

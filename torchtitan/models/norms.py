@@ -43,13 +43,13 @@ __all__ = [
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim, accumulated in float32.
 
-    With ``x`` and ``weight`` of one dtype this is torch's own ``F.rms_norm`` (one ``aten`` op;
-    fused kernels for forward and backward on GPU), which rounds the result once. Otherwise (an
-    autocast input against a float32 weight) the normalized ``x`` is cast back to ``x``'s dtype,
-    then scaled by ``weight``, and the result has the promoted dtype of the two. In float32 both
-    give the same numbers; in bfloat16 they differ by at most one rounding.
+    In float32 (``x`` and ``weight``) this is torch's own ``F.rms_norm``: one ``aten`` op, with
+    the same numbers. In lower precision the normalized ``x`` is cast back to ``x``'s dtype before
+    the scale (``transformers``' rounding, which the fused Triton kernel reproduces bit for bit;
+    ``F.rms_norm`` rounds once, at the end), and the result has the promoted dtype of ``x`` and
+    ``weight``.
     """
-    if x.dtype == weight.dtype:
+    if x.dtype == weight.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
