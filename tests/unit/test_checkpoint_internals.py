@@ -587,3 +587,62 @@ def test_manager_without_checkpoints_starts_fresh(tmp_path):
     assert manager.load() is False
     assert manager.newest_complete() is None
     assert manager.hf_load_path is None
+
+
+# ----------------------------------------------------------------------------- older layouts
+
+
+def test_a_checkpoint_with_separate_wq_wk_wv_is_read_by_parts_and_merged():
+    from torchtitan.checkpoint.unfused import apply_merges, plan_unfused_load
+    from torchtitan.models.common.blocks import split_qkv
+    from torchtitan.models.llama.hf_adapter import LlamaStateDictAdapter
+    from torchtitan.models.llama.model import ModelArgs
+
+    args = ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=16)
+    adapter = LlamaStateDictAdapter(args)
+    fused = "layers.0.attention.wqkv.weight"
+    saved = torch.randn(64, 32)  # what the checkpoint's wq/wk/wv hold, fused
+    moment = torch.randn(64, 32)
+    old = dict(zip(("wq", "wk", "wv"), split_qkv(saved, 4, 2)))
+    old_moment = dict(zip(("wq", "wk", "wv"), split_qkv(moment, 4, 2)))
+    available = (
+        {f"model.layers.0.attention.{n}.weight" for n in old}
+        | {
+            f"optimizer.state.layers.0.attention.{n}.weight.{k}"
+            for n in old
+            for k in ("exp_avg", "step")
+        }
+        | {"model.norm.weight"}
+    )
+    state = {
+        "model": {fused: torch.zeros(64, 32), "norm.weight": torch.zeros(32)},
+        "optimizer": {
+            f"state.{fused}.exp_avg": torch.zeros(64, 32),
+            f"state.{fused}.step": torch.tensor(0.0),
+        },
+    }
+    merges = plan_unfused_load(state, available, adapter)
+    assert len(merges) == 3 and fused not in state["model"]
+    assert state["model"]["layers.0.attention.wk.weight"].shape == (16, 32)
+    assert "state.layers.0.attention.wq.weight.step" in state["optimizer"]
+    # what dcp.load would fill in
+    for n, w in old.items():
+        state["model"][f"layers.0.attention.{n}.weight"].copy_(w)
+        state["optimizer"][f"state.layers.0.attention.{n}.weight.exp_avg"].copy_(old_moment[n])
+    state["optimizer"]["state.layers.0.attention.wq.weight.step"] = torch.tensor(7.0)
+    apply_merges(state, merges, adapter)
+    assert torch.equal(state["model"][fused], saved)
+    assert torch.equal(state["optimizer"][f"state.{fused}.exp_avg"], moment)
+    assert state["optimizer"][f"state.{fused}.step"].item() == 7.0
+    assert sorted(state["model"]) == sorted([fused, "norm.weight"])
+
+
+def test_a_checkpoint_lacking_a_fused_entry_and_its_parts_is_not_rewritten():
+    from torchtitan.checkpoint.unfused import plan_unfused_load
+    from torchtitan.models.llama.hf_adapter import LlamaStateDictAdapter
+    from torchtitan.models.llama.model import ModelArgs
+
+    adapter = LlamaStateDictAdapter(ModelArgs(dim=32, n_layers=1, n_heads=4, vocab_size=16))
+    state = {"model": {"layers.0.attention.wqkv.weight": torch.zeros(96, 32)}}
+    assert plan_unfused_load(state, {"model.layers.0.attention.wq.weight"}, adapter) == []
+    assert "layers.0.attention.wqkv.weight" in state["model"]  # the missing-key error reports it
