@@ -44,7 +44,7 @@ def load_model(checkpoint: str, model: str, flavor: str | None):
     net = spec.cls(args)
     if spec.state_dict_adapter is not None:  # a checkpoint from before the fused wqkv: merge
         adapter = spec.state_dict_adapter(args)
-        state = adapter.fuse(state, [n for n in net.state_dict() if adapter.fused_parts(n)])
+        state = adapter.fuse(state, net.state_dict())
     missing, unexpected = net.load_state_dict(state, strict=False)
     allowed_missing = {"output.weight"} if args.tie_word_embeddings else set()
     if unexpected or set(missing) - allowed_missing:

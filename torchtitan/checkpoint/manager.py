@@ -385,14 +385,14 @@ class CheckpointManager:
         keys = ("model",) if model_only else STATE_KEYS
         keys = tuple(k for k in keys if k not in self.cfg.exclude_from_loading)
         state = {k: self.objects[k].state_dict() for k in keys}
-        error, merges = None, []
+        error, merges, adapter = None, [], self._adapter()
         try:
             available = _checkpoint_keys(path)
             rng_prefix = f"rng.{self.objects['rng'].key}."
             if "rng" in state and not any(k.startswith(rng_prefix) for k in available):
                 logger.info(f"{path}: no RNG state for this rank (saved by another world size)")
                 del state["rng"]
-            merges = plan_unfused_load(state, available, self._adapter())
+            merges = plan_unfused_load(state, available, adapter)
             _check_model_keys(path, state.get("model", {}), available)
             if step is not None and self.model_args is not None:  # this job's own history
                 _check_block_count(path, self.model_args.n_layers, available)
@@ -411,7 +411,7 @@ class CheckpointManager:
                 f"checkpoint {path} cannot be loaded ({type(e).__name__}: {_first_line(e)})"
             ) from e
         if merges:
-            apply_merges(state, merges, self._adapter())
+            apply_merges(state, merges, adapter)
             logger.info(
                 f"{path}: written before the fused attention projection; merged its "
                 f"{len(merges)} separate wq/wk/wv entries"

@@ -24,18 +24,19 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 class _Merge:
     section: str  # "model" or "optimizer"
     key: str  # the entry as the model asks for it (in the fused layout)
+    fqn: str  # the fused parameter it belongs to
     parts: list[str]  # the entries the checkpoint holds instead
     like: Any  # the entry's original value: its placements, dtype and device
     per_row: bool  # True: merge the parts' rows; False: take the first part's value
 
 
-def _fused_fqn(key: str, fused: dict[str, tuple[str, ...]]) -> tuple[str, str] | None:
-    """``(fused fqn, name inside the block)`` of a state entry that belongs to a fused
-    parameter (``layers.3.attention.wqkv.weight`` in ``state.layers.3.attention.wqkv.weight.exp_avg``)."""
+def _fused_fqn(key: str, fused: dict[str, tuple[str, ...]]) -> str | None:
+    """The fused parameter a state entry belongs to (``layers.3.attention.wqkv.weight`` in
+    ``state.layers.3.attention.wqkv.weight.exp_avg``), None if it belongs to none."""
     for name in fused:
         m = re.search(rf"(?:^|\.)(layers\.\d+\.{re.escape(name)})(?:$|\.)", key)
         if m:
-            return m.group(1), name
+            return m.group(1)
     return None
 
 
@@ -51,10 +52,9 @@ def plan_unfused_load(state: dict[str, Any], available: set[str], adapter: Any) 
         if not isinstance(entries, dict):
             continue
         for key in list(entries):
-            found = _fused_fqn(key, adapter.fused)
-            if found is None or f"{section}.{key}" in available:
+            fqn = _fused_fqn(key, adapter.fused)
+            if fqn is None or f"{section}.{key}" in available:
                 continue
-            fqn, _ = found
             part_fqns = adapter.fused_parts(fqn)
             parts = [key.replace(fqn, p) for p in part_fqns]
             if not all(f"{section}.{p}" in available for p in parts):
@@ -67,7 +67,7 @@ def plan_unfused_load(state: dict[str, Any], available: set[str], adapter: Any) 
                     entries[p] = torch.empty(piece.shape, dtype=value.dtype)
             else:
                 entries[parts[0]] = value.full_tensor() if isinstance(value, DTensor) else value
-            merges.append(_Merge(section, key, parts, value, per_row))
+            merges.append(_Merge(section, key, fqn, parts, value, per_row))
     return merges
 
 
@@ -79,8 +79,7 @@ def apply_merges(state: dict[str, Any], merges: list[_Merge], adapter: Any) -> N
         if not m.per_row:
             entries[m.key] = entries.pop(m.parts[0])
             continue
-        fqn, _ = _fused_fqn(m.key, adapter.fused)
-        full = adapter.merge_tensors(fqn, [entries.pop(p) for p in m.parts])
+        full = adapter.merge_tensors(m.fqn, [entries.pop(p) for p in m.parts])
         like = m.like
         full = full.to(device=like.device, dtype=like.dtype)
         if isinstance(like, DTensor):

@@ -161,11 +161,11 @@ class HFStateDictAdapter(ABC):
                 out.update(zip(parts, self.split_tensor(name, w)))
         return out
 
-    def fuse(self, state: dict[str, Any], fused_names: list[str]) -> dict[str, Any]:
-        """``state`` with the parts of each of ``fused_names`` merged into it (parts missing from
-        ``state`` leave that parameter out)."""
+    def fuse(self, state: dict[str, Any], names: Any) -> dict[str, Any]:
+        """``state`` with the parts of each fused parameter among ``names`` (a model's parameter
+        names) merged into it; parts missing from ``state`` leave that parameter out."""
         out = dict(state)
-        for name in fused_names:
+        for name in names:
             parts = self.fused_parts(name) or ()
             if parts and all(p in out for p in parts):
                 out[name] = self.merge_tensors(name, [out.pop(p) for p in parts])
@@ -188,7 +188,7 @@ class HFStateDictAdapter(ABC):
         """``transformers`` weights as our state dict. ``expected``: the names and shapes of the
         parameters wanted (a pipeline stage's: the other stages' are dropped); any name or shape
         that does not match is listed in one HFFormatError."""
-        fused_names = [n for n in expected if self.fused_parts(n)]
+        wanted = list(expected)
         expected = self.unfuse(expected)
         state: dict[str, torch.Tensor] = {}
         unexpected = []
@@ -223,4 +223,4 @@ class HFStateDictAdapter(ABC):
             raise HFFormatError(
                 "Hugging Face weights do not match this model (" + "; ".join(problems) + ")"
             )
-        return self.fuse(state, fused_names)
+        return self.fuse(state, wanted)
