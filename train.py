@@ -7,6 +7,7 @@ model, parallelism, optimizer, checkpoint, then the training loop. How each part
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -188,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     init_logger()
     try:
         train(parse_args(argv))
+        # The model, its DDP reducer and their pending communication work sit in reference
+        # cycles: free them now, while the interpreter is whole. Left to the collector at exit,
+        # after the process group is gone, they made a rank abort (SIGABRT) after a good run.
+        gc.collect()
         if dist.is_initialized():
             # Leave together: a rank that tears down its gloo connections while a peer is still
             # finishing can make that peer abort (SIGABRT) after a successful run.
