@@ -101,6 +101,8 @@ def dataloader_for(
         dp_world_size=dp_world_size,
         text_field=t.dataset_text_field,
         streaming=t.dataset_streaming,
+        seed=t.data_seed,
+        shuffle=t.shuffle,
     )
 
 

@@ -174,7 +174,7 @@ class Training:
     )
     dataset_path: str | None = opt(
         None,
-        "Local file or folder (json, jsonl, parquet, txt, save_to_disk) or a Hub id; overrides the named dataset's source",
+        "Local file or folder (json, jsonl, parquet, txt, save_to_disk), a pretokenized .bin/.idx corpus (prefix, file or folder), or a Hub id; overrides the named dataset's source",
     )
     dataset_text_field: str | None = opt(
         None, "Field holding each row's text; unset = the dataset's default ('text')"
@@ -182,6 +182,11 @@ class Training:
     dataset_streaming: bool | None = opt(
         None, "Stream the dataset instead of downloading it; unset = the dataset's default"
     )
+    shuffle: bool = opt(
+        True,
+        "Read pretokenized corpora in a seeded permutation of their documents, a new one every epoch (false = stored order)",
+    )
+    data_seed: int = opt(0, "Seed of the data order (shuffling); independent of debug.seed", ge=0)
     local_batch_size: int = opt(8, "Sequences per micro-batch per data-parallel rank", ge=1)
     global_batch_size: int = opt(
         -1,

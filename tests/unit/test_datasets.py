@@ -667,11 +667,36 @@ def test_global_batch_must_split_over_ranks(tmp_path):
         build(path, dp_world_size=2, local_batch_size=2, global_batch_size=6)
 
 
-def test_too_many_virtual_shards_for_the_data(tmp_path):
+def test_fewer_rows_than_the_global_batch_are_cut_by_tokens(tmp_path):
+    """3 documents, 8 sequences per step: the corpus is tokenized whole and cut into windows,
+    window k of the stream going to row k % 8 of step k // 8, epoch after epoch."""
+    texts = make_docs(3)
+    path = write_jsonl(tmp_path / "d.jsonl", texts)
+    stream = token_stream(texts)
+    per_epoch = len(stream) // 6
+    got = windows(take(iter(build(path, local_batch_size=8)), 3))
+    expected = [stream[(k % per_epoch) * 6 : (k % per_epoch + 1) * 6] for k in range(24)]
+    assert got == expected
+    # Shuffled: every epoch is a permutation of the 3 documents; layouts agree.
+    one = windows(take(iter(build(path, local_batch_size=8, shuffle=True, seed=1)), 3))
+    two = [build(path, local_batch_size=4, dp_rank=r, dp_world_size=2, global_batch_size=8,
+                 shuffle=True, seed=1) for r in range(2)]  # fmt: skip
+    its = [iter(ld) for ld in two]
+    assert one == [w for _ in range(3) for it in its for w in windows([next(it)])]
+    assert one != got
+
+
+def test_an_empty_dataset_is_one_line(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("")
+    with pytest.raises(DataError, match=r"empty\.jsonl' is empty: its data files hold no bytes"):
+        build(path)
+    path.write_text("\n\n")  # blank lines, no rows
+    with pytest.raises(DataError, match=r"training.dataset_path: .* cannot read .*empty\.jsonl"):
+        build(path)
+
+
+def test_streamed_data_with_fewer_rows_than_shards(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(3))
-    with pytest.raises(
-        DataError, match=r"3 rows, fewer than its 4 virtual shards.*global_batch_size"
-    ):
-        build(path, local_batch_size=4)
     with pytest.raises(DataError, match=r"virtual shard 3 \(of 4\) has no rows.*global_batch_size"):
         next(iter(build(path, local_batch_size=4, streaming=True)))

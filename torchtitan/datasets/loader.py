@@ -30,11 +30,14 @@ from array import array
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchtitan.config_manager import global_batch
+from torchtitan.datasets.indexed import IndexedCorpus, indexed_prefixes, open_corpus
 from torchtitan.datasets.reader import ShardReader, Tokenizer
 from torchtitan.datasets.sources import Source, load_source
+from torchtitan.datasets.token_windows import InMemoryDocs, TokenWindows, WindowRow
 from torchtitan.errors import ConfigError, DataError
 from torchtitan.log import logger
 
@@ -57,7 +60,7 @@ class HFDataLoader:
 
     def __init__(
         self,
-        source: Source,
+        source: Source | TokenWindows,
         *,
         tokenizer: Tokenizer,
         local_batch_size: int,
@@ -67,8 +70,8 @@ class HFDataLoader:
         global_batch_size: int | None = None,
         infinite: bool = True,
     ) -> None:
-        self.label = source.label
-        self.text_field = source.text_field
+        self.label = source.store.label if isinstance(source, TokenWindows) else source.label
+        self.text_field = None if isinstance(source, TokenWindows) else source.text_field
         self.tokenizer = tokenizer
         self.local_batch_size = local_batch_size
         self.seq_len = seq_len
@@ -80,6 +83,23 @@ class HFDataLoader:
         )
         per_rank = self.virtual_shards // dp_world_size
         self.shards = range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+        self.source = source
+        self.streaming = False
+        self._readers: list[ShardReader] | list[WindowRow]
+        if isinstance(source, TokenWindows):
+            self._readers = [
+                WindowRow(source, index=v, virtual_shards=self.virtual_shards, infinite=infinite,
+                          first_on_rank=v == self.shards[0])
+                for v in self.shards
+            ]  # fmt: skip
+        else:
+            self._readers = self._shard_readers(source, tokenizer, seq_len + 1)
+        self._next_group = 0  # which local_batch_size block of this rank's shards reads next
+
+    def _shard_readers(
+        self, source: Source, tokenizer: Tokenizer, window: int
+    ) -> list[ShardReader]:
+        """One reader per virtual shard of this rank: rows split with ``split_dataset_by_node``."""
         ds = source.dataset
         from datasets import IterableDataset
         from datasets.distributed import split_dataset_by_node
@@ -91,7 +111,7 @@ class HFDataLoader:
                 f"{self.virtual_shards} virtual shards (one per sequence of the global batch); use "
                 "a larger dataset or a smaller training.global_batch_size"
             )
-        self._readers = [
+        return [
             ShardReader(
                 split_dataset_by_node(ds, rank=v, world_size=self.virtual_shards)
                 if self.virtual_shards > 1
@@ -99,16 +119,15 @@ class HFDataLoader:
                 index=v,
                 virtual_shards=self.virtual_shards,
                 tokenizer=tokenizer,
-                text_field=self.text_field,
+                text_field=source.text_field,
                 label=self.label,
-                window=seq_len + 1,
-                infinite=infinite,
+                window=window,
+                infinite=self.infinite,
                 streaming=self.streaming,
                 first_on_rank=v == self.shards[0],
             )
             for v in self.shards
         ]
-        self._next_group = 0  # which local_batch_size block of this rank's shards reads next
 
     def restart(self) -> None:
         """Read from the beginning again (a validation pass that stopped part-way)."""
@@ -118,8 +137,10 @@ class HFDataLoader:
 
     @property
     def num_rows(self) -> int | None:
-        """Rows in this rank's shards (None for streamed data)."""
-        return None if self.streaming else sum(len(r) for r in self._readers)
+        """Rows in this rank's shards (None for streamed or pretokenized data)."""
+        if self.streaming or isinstance(self.source, TokenWindows):
+            return None
+        return sum(len(r) for r in self._readers)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         window = self.seq_len + 1
@@ -134,9 +155,12 @@ class HFDataLoader:
                 self._next_group = 0
                 return
             self._next_group = (self._next_group + 1) % groups
-            flat_rows = [t for w in rows for t in w]
-            # array -> tensor is several times faster than torch.tensor(list)
-            chunk = torch.frombuffer(array("q", flat_rows), dtype=torch.long).view(n, window)
+            if isinstance(rows[0], np.ndarray):
+                chunk = torch.from_numpy(np.stack(rows))
+            else:
+                flat_rows = [t for w in rows for t in w]
+                # array -> tensor is several times faster than torch.tensor(list)
+                chunk = torch.frombuffer(array("q", flat_rows), dtype=torch.long).view(n, window)
             yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
     # ---- checkpointing
@@ -182,6 +206,26 @@ class HFDataLoader:
         self._next_group = next((g for g, c in enumerate(counts) if c < counts[0]), 0)
 
 
+def _too_few_rows(source: Source, virtual_shards: int) -> bool:
+    """A map-style dataset with fewer rows than the global batch cannot be split by rows."""
+    from datasets import IterableDataset
+
+    return not isinstance(source.dataset, IterableDataset) and len(source.dataset) < virtual_shards
+
+
+def _tokenize_all(source: Source, tokenizer: Tokenizer) -> InMemoryDocs:
+    """Every document of a small map-style dataset, tokenized with BOS and EOS."""
+    reader = ShardReader(
+        source.dataset, index=0, virtual_shards=1, tokenizer=tokenizer,
+        text_field=source.text_field, label=source.label, window=1, infinite=False,
+        streaming=False, first_on_rank=False,
+    )  # fmt: skip
+    docs = [
+        np.asarray(tokenizer.encode(t, bos=True, eos=True), dtype=np.int64) for t in reader.texts()
+    ]
+    return InMemoryDocs(docs, label=source.label)
+
+
 def build_hf_dataloader(
     *,
     dataset: str,
@@ -197,6 +241,8 @@ def build_hf_dataloader(
     streaming: bool | None = None,
     split: str = "train",
     section: str = "training",
+    seed: int = 0,
+    shuffle: bool = False,
 ) -> HFDataLoader:
     """The data loader for one data-parallel rank.
 
@@ -217,15 +263,27 @@ def build_hf_dataloader(
     if not 0 <= dp_rank < dp_world_size:
         raise ValueError(f"dp_rank {dp_rank} must be in [0, dp_world_size={dp_world_size})")
     virtual_shards = global_batch_size or local_batch_size * dp_world_size
-    source = load_source(
-        dataset=dataset,
-        dataset_path=dataset_path,
-        split=split,
-        text_field=text_field,
-        streaming=streaming,
-        num_shards=virtual_shards,
-        section=section,
-    )
+    source: Source | TokenWindows
+    windows = dict(window=seq_len + 1, seed=seed, shuffle=shuffle, section=section,
+                   vocab_size=getattr(tokenizer, "n_words", None), log_epochs=dp_rank == 0)  # fmt: skip
+    if dataset_path is not None and indexed_prefixes(dataset_path) is not None:
+        fingerprint = getattr(tokenizer, "fingerprint", None)
+        corpus = open_corpus(
+            dataset_path, tokenizer=fingerprint() if fingerprint else None, section=section
+        )
+        source = TokenWindows(corpus, **windows)
+    else:
+        source = load_source(
+            dataset=dataset,
+            dataset_path=dataset_path,
+            split=split,
+            text_field=text_field,
+            streaming=streaming,
+            num_shards=virtual_shards,
+            section=section,
+        )
+        if _too_few_rows(source, virtual_shards):
+            source = TokenWindows(_tokenize_all(source, tokenizer), **windows)
     loader = HFDataLoader(
         source,
         tokenizer=tokenizer,
@@ -236,11 +294,21 @@ def build_hf_dataloader(
         global_batch_size=virtual_shards,
         infinite=infinite,
     )
-    kind = "streamed" if loader.streaming else f"{loader.num_rows:,} rows on this rank"
     shards = loader.shards
+    if isinstance(source, TokenWindows):
+        order = f"shuffled with seed {seed}" if shuffle else "in stored order"
+        kind = "pretokenized" if isinstance(source.store, IndexedCorpus) else (
+            "fewer rows than the global batch: tokenized whole, cut by tokens"
+        )  # fmt: skip
+        what = (
+            f"{kind}, {len(source.store.doc_lengths):,} documents, {source.num_tokens:,} "
+            f"tokens, {source.per_epoch:,} windows per epoch, {order}"
+        )
+    else:
+        kind = "streamed" if loader.streaming else f"{loader.num_rows:,} rows on this rank"
+        what = f"split {split}, text field '{source.text_field}', {kind}"
     logger.info(
-        f"Dataset {source.label} (split {split}, text field '{source.text_field}', {kind}): "
-        f"virtual shards {shards.start}-{shards.stop - 1} of {loader.virtual_shards} on dp rank "
-        f"{dp_rank} of {dp_world_size}"
+        f"Dataset {loader.label} ({what}): virtual shards {shards.start}-{shards.stop - 1} of "
+        f"{loader.virtual_shards} on dp rank {dp_rank} of {dp_world_size}"
     )
     return loader

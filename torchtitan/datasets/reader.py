@@ -128,6 +128,11 @@ class ShardReader:
                 yield text
             i += len(texts)
 
+    def texts(self) -> Iterator[str]:
+        """Every document of a map-style shard, in order, each row checked as in training."""
+        self.rewind()
+        return self._map_style_texts()
+
     def _streamed_texts(self) -> Iterator[str]:
         ds = self._ds
         # Each pass has its own epoch number, so a loaded start state applies to its pass only

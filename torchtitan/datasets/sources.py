@@ -19,6 +19,7 @@ text files, since each file is held in memory as a single row.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchtitan.datasets import pydoc_corpus
-from torchtitan.errors import ConfigError
+from torchtitan.datasets.indexed import indexed_prefixes
+from torchtitan.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # ``datasets`` takes ~0.5 s to import: only where data is read (not preflight)
     from datasets import Dataset, IterableDataset
@@ -101,7 +103,8 @@ _FILE_KINDS: dict[str, str] = {
 }
 _SUPPORTED = (
     "a .json/.jsonl/.json.gz/.jsonl.gz, .parquet or .txt file, a folder of such files (one kind), "
-    "a Dataset.save_to_disk folder, or a Hugging Face Hub id 'owner/name'"
+    "a Dataset.save_to_disk folder, a pretokenized .bin/.idx corpus (prefix, file or folder), or "
+    "a Hugging Face Hub id 'owner/name'"
 )
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 
@@ -192,8 +195,19 @@ def _load_local(
                 f"supported: {_SUPPORTED}"
             )
         files = [str(path)]
+    if all(os.path.getsize(f) == 0 for f in files):
+        raise DataError(f"dataset '{path}' is empty: its data files hold no bytes")
     extra = {"sample_by": "document"} if kind == "text" else {}
-    return load_dataset(kind, data_files={split: files}, split=split, streaming=streaming, **extra)
+    try:
+        return load_dataset(
+            kind, data_files={split: files}, split=split, streaming=streaming, **extra
+        )
+    except (StopIteration, ValueError, OSError) as e:  # what the builders raise on a bad file
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise DataError(
+            f"{section}.dataset_path: the '{kind}' reader of the datasets library cannot read "
+            f"'{path}' ({type(e).__name__}: {first or 'no rows'}); check the file"
+        ) from None
 
 
 def load_dataset(*args: Any, **kwargs: Any) -> Dataset | IterableDataset:
@@ -234,6 +248,8 @@ def check_dataset_config(dataset: str, dataset_path: str | None, section: str = 
             f"{', '.join(sorted(DATASETS))} (or set {section}.dataset_path to {_SUPPORTED})"
         )
     if dataset_path is not None:
+        if indexed_prefixes(dataset_path) is not None:
+            return
         if not Path(dataset_path).expanduser().exists() and not _looks_like_hub_id(dataset_path):
             raise ConfigError(
                 f"{section}.dataset_path: '{dataset_path}' does not exist; expected {_SUPPORTED}"

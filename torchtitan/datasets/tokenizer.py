@@ -91,6 +91,7 @@ class Tokenizer(ABC):
     """
 
     _model: Any
+    path: str
     _n_words: int
     _bos_id: int
     _eos_id: int
@@ -123,6 +124,22 @@ class Tokenizer(ABC):
     def pad_id(self) -> int:
         """Id of the padding token, -1 if the tokenizer has none."""
         return self._pad_id
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this tokenizer in a pretokenized corpus's manifest: its kind, the
+        SHA-256 of its file, its vocabulary size and BOS/EOS ids."""
+        import hashlib
+
+        with open(self.path, "rb") as f:  # a tokenizer file is small (_MAX_TOKENIZER_BYTES)
+            digest = hashlib.sha256(f.read()).hexdigest()
+        return {
+            "kind": type(self).__name__,
+            "file": os.path.basename(self.path),
+            "sha256": digest,
+            "vocab_size": self.n_words,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+        }
 
     def __repr__(self) -> str:
         return (

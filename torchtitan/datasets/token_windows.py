@@ -1,0 +1,209 @@
+"""A tokenized corpus as an endless, random-access stream of ``seq_len + 1`` token windows.
+
+Epoch ``e`` is the corpus's documents concatenated in one order (a seeded permutation of the
+documents, new in every epoch, or the stored order when shuffling is off) and cut into
+``tokens // window`` consecutive windows; the tokens left over at the end of an epoch (fewer than
+one window) are not used in that epoch. Window ``m`` of the stream is window ``m % per_epoch`` of
+epoch ``m // per_epoch``.
+
+Because window ``m`` is a function of (corpus, seed, m) alone, a data-parallel rank reads just the
+windows it serves, any layout reads the same stream, and the position to save is one number.
+Documents are read as stored (a pretokenized corpus holds BOS/EOS already).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+import numpy as np
+
+from torchtitan.errors import ConfigError, DataError
+from torchtitan.log import logger
+
+
+class DocumentStore(Protocol):
+    """Tokenized documents: ``doc_lengths[d]`` tokens each, ``read(d, start, stop)`` returns some."""
+
+    label: str
+    doc_lengths: np.ndarray
+
+    def read(self, d: int, start: int, stop: int) -> np.ndarray: ...
+
+
+class InMemoryDocs:
+    """Tokenized documents held in memory (a corpus too small to split by rows)."""
+
+    def __init__(self, docs: list[np.ndarray], *, label: str) -> None:
+        self.label = label
+        self.docs = docs
+        self.doc_lengths = np.array([len(d) for d in docs], dtype=np.int64)
+
+    def read(self, d: int, start: int, stop: int) -> np.ndarray:
+        return self.docs[d][start:stop]
+
+
+class TokenWindows:
+    """Window ``m`` of ``store``'s documents, concatenated in a per-epoch order.
+
+    ``seed`` and ``shuffle`` fix the order of every epoch; ``vocab_size`` (if given) is checked
+    against every window read (a token id at or above it is a :class:`DataError` naming the store);
+    ``section`` names the config section in messages; ``log_epochs`` makes this copy log the start
+    of each new epoch.
+    """
+
+    def __init__(
+        self,
+        store: DocumentStore,
+        *,
+        window: int,
+        seed: int,
+        shuffle: bool,
+        vocab_size: int | None = None,
+        section: str = "training",
+        log_epochs: bool = False,
+    ) -> None:
+        self.store = store
+        self.window = window
+        self.seed = seed
+        self.shuffle = shuffle
+        self.vocab_size = vocab_size
+        self.log_epochs = log_epochs
+        lengths = np.asarray(store.doc_lengths, dtype=np.int64)
+        self.num_tokens = int(lengths.sum())
+        if len(lengths) == 0:
+            raise DataError(f"dataset '{store.label}' is empty: it has no documents")
+        if self.num_tokens < window:
+            raise DataError(
+                f"dataset '{store.label}' has {self.num_tokens:,} tokens, fewer than one window of "
+                f"{window:,} ({section}.seq_len + 1); use more data or a shorter {section}.seq_len"
+            )
+        self._lengths = lengths
+        self.per_epoch = self.num_tokens // window
+        self._epochs: dict[int, tuple[np.ndarray | None, np.ndarray]] = {}
+        self._logged_epoch = -1
+
+    def order(self, epoch: int) -> np.ndarray | None:
+        """Epoch ``epoch``'s document order (None: the stored order)."""
+        if not self.shuffle:
+            return None
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self._lengths))
+
+    def _epoch(self, epoch: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """``(order, ends)``: the order and the running token count at each document's end."""
+        cached = self._epochs.get(epoch)
+        if cached is None:
+            order = self.order(epoch)
+            lengths = self._lengths if order is None else self._lengths[order]
+            cached = (order, np.cumsum(lengths))
+            if len(self._epochs) >= 2:  # the epoch being read and its successor suffice
+                self._epochs.pop(min(self._epochs))
+            self._epochs[epoch] = cached
+            if self.log_epochs and epoch > self._logged_epoch and epoch > 0:
+                how = f"documents reshuffled (seed {self.seed})" if self.shuffle else "same order"
+                logger.info(
+                    f"dataset {self.store.label}: epoch {epoch + 1} begins at window "
+                    f"{epoch * self.per_epoch:,}, {how}"
+                )
+            self._logged_epoch = max(self._logged_epoch, epoch)
+        return cached
+
+    def epoch_of(self, m: int) -> int:
+        return m // self.per_epoch
+
+    def __getitem__(self, m: int) -> np.ndarray:
+        """Window ``m`` as int64 token ids."""
+        epoch, j = divmod(m, self.per_epoch)
+        order, ends = self._epoch(epoch)
+        lo, hi = j * self.window, (j + 1) * self.window
+        i = int(np.searchsorted(ends, lo, side="right"))
+        pieces, pos = [], lo
+        while pos < hi:
+            d = i if order is None else int(order[i])
+            doc_start = int(ends[i]) - int(self._lengths[d])
+            stop = min(hi, int(ends[i]))
+            pieces.append(self.store.read(d, pos - doc_start, stop - doc_start))
+            pos, i = stop, i + 1
+        out = np.concatenate(pieces).astype(np.int64)
+        if self.vocab_size is not None and (out.max() >= self.vocab_size or out.min() < 0):
+            bad = int(out.max()) if out.max() >= self.vocab_size else int(out.min())
+            raise DataError(
+                f"dataset '{self.store.label}': token id {bad} in window {m} is outside the "
+                f"tokenizer's vocabulary [0, {self.vocab_size}); the corpus was written with "
+                "another tokenizer (see its manifest.json), or model.tokenizer_path is wrong"
+            )
+        return out
+
+
+STATE_VERSION = 1
+
+
+class WindowRow:
+    """One row of the global batch reading a :class:`TokenWindows` stream.
+
+    Row ``index`` of ``virtual_shards`` (V) serves windows ``index, index + V, index + 2V, ...``:
+    step ``t``'s global batch is windows ``[tV, (t+1)V)``, whatever the number of data-parallel
+    ranks. The interface is :class:`~torchtitan.datasets.reader.ShardReader`'s, so the loader
+    serves either. A non-infinite row ends its pass at the end of the first epoch.
+    """
+
+    def __init__(
+        self, windows: TokenWindows, *, index: int, virtual_shards: int, infinite: bool,
+        first_on_rank: bool,
+    ) -> None:  # fmt: skip
+        self.source = windows
+        self.index = index
+        self.virtual_shards = virtual_shards
+        self.infinite = infinite
+        self.first_on_rank = first_on_rank
+        self.label = windows.store.label
+        self.windows = 0  # windows served so far
+
+    def next_window(self) -> np.ndarray | None:
+        m = self.windows * self.virtual_shards + self.index
+        if not self.infinite and m >= self.source.per_epoch:
+            return None
+        self.windows += 1
+        return self.source[m]
+
+    def rewind(self) -> None:
+        self.windows = 0
+
+    def state(self) -> bytes:
+        src = self.source
+        state = {
+            "version": STATE_VERSION,
+            "kind": "token_windows",
+            "dataset": self.label,
+            "windows": self.windows,
+            "seed": src.seed,
+            "shuffle": src.shuffle,
+            "num_tokens": src.num_tokens,
+        }
+        return json.dumps(state, separators=(",", ":")).encode()
+
+    def load(self, blob: bytes) -> None:
+        state = json.loads(blob)
+        if state.get("kind") != "token_windows" or state.get("version") != STATE_VERSION:
+            raise ConfigError(
+                f"data loader checkpoint: saved from a {state.get('kind', 'text')} dataset, but "
+                f"dataset '{self.label}' is read as pretokenized windows; resume with the same "
+                "training.dataset / training.dataset_path"
+            )
+        src = self.source
+        changed = [
+            f"{k} {state[k]} -> {now}"
+            for k, now in (
+                ("seed", src.seed),
+                ("shuffle", src.shuffle),
+                ("num_tokens", src.num_tokens),
+            )
+            if state.get(k) != now
+        ]
+        if changed and self.first_on_rank:
+            logger.warning(
+                f"data loader checkpoint of dataset '{state.get('dataset')}' was saved with another "
+                f"data order ({', '.join(changed)}); continuing at window {state['windows']:,} of "
+                "each row of the new order"
+            )
+        self.windows = int(state["windows"])
