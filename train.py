@@ -60,6 +60,7 @@ def train(job_config: JobConfig) -> None:
         sinks=build_sinks(job_config, rt.rank),
         color=not job_config.metrics.disable_color_printing,
         is_rank0=rt.rank == 0,
+        data_tokens=getattr(dataloader, "tokens_per_source", None),  # a mixture's shares
     )
 
     # ---- checkpoints: resume from the newest complete one in the folder, if any

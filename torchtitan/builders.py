@@ -103,6 +103,7 @@ def dataloader_for(
         streaming=t.dataset_streaming,
         seed=t.data_seed,
         shuffle=t.shuffle,
+        datasets=t.datasets,
     )
 
 
@@ -122,6 +123,7 @@ def build_validation_loader(job_config: JobConfig, rt: Runtime, tokenizer: Any) 
         infinite=False,
         split="validation",
         section="validation",
+        datasets=v.datasets,
     )
 
 

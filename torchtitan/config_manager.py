@@ -182,6 +182,10 @@ class Training:
     dataset_streaming: bool | None = opt(
         None, "Stream the dataset instead of downloading it; unset = the dataset's default"
     )
+    datasets: list | None = opt(
+        None,
+        "A weighted mixture of sources replacing dataset/dataset_path: [[training.datasets]] tables with path or dataset, weight, and optional name, text_field, streaming (see docs/data.md); on the command line JSON or name_or_path:weight,...",
+    )
     shuffle: bool = opt(
         True,
         "Read pretokenized corpora in a seeded permutation of their documents, a new one every epoch (false = stored order)",
@@ -345,6 +349,9 @@ class Validation:
     enable: bool = opt(False, "Evaluate held-out loss and perplexity every freq steps")
     dataset: str = opt("c4_validation", "Named validation dataset (as training.dataset)")
     dataset_path: str | None = opt(None, "Local validation data or Hub id")
+    datasets: list | None = opt(
+        None, "A weighted mixture of validation sources, as training.datasets"
+    )
     local_batch_size: int = opt(
         0, "Validation sequences per rank per batch; 0 = training.local_batch_size", ge=0
     )
@@ -468,6 +475,8 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table (an entry of training.datasets)
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 
@@ -511,8 +520,10 @@ def _convert(raw: Any, tp: Any, from_cli: bool) -> Any:
     elif base is str:
         if isinstance(raw, str):
             return raw
-    elif base is list:  # an old key's raw list (module_fqns_per_model_part)
+    elif base is list:  # tables (training.datasets) or an old key's raw list
         if isinstance(raw, list):
+            return raw
+        if isinstance(raw, str):  # the key's own parser reads the text (training.datasets)
             return raw
     elif typing.get_origin(base) is list:
         if isinstance(raw, str):
@@ -682,7 +693,7 @@ class _Builder:
         for item in items:
             if isinstance(item, str) and item in renamed:
                 self._warn(s, f"{s.where()}: {item!r} is now {renamed[item]!r}")
-        if isinstance(value, list):
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
             value = list(dict.fromkeys(renamed.get(v, v) for v in value))
         elif isinstance(value, str):
             value = renamed.get(value, value)

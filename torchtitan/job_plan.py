@@ -24,7 +24,7 @@ from torchtitan.config_manager import (
     import_user_module,
     located,
 )
-from torchtitan.datasets.sources import check_dataset_config
+from torchtitan.datasets.mixture import check_data_config
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline import PipelinePlan, check_pipeline_config
@@ -57,7 +57,7 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
     with problems.collect():
         _check_dump_folder(job_config.job.dump_folder)
     with problems.collect():
-        check_dataset_config(job_config.training.dataset, job_config.training.dataset_path)
+        check_data_config(job_config.training)
     dims = spec = model_args = pipeline = None
     with problems.collect():
         dims = _dims(job_config, world_size)
@@ -172,7 +172,7 @@ def _check_validation(job_config: JobConfig, dims: ParallelDims) -> None:
     v, t = job_config.validation, job_config.training
     if not v.enable:
         return
-    check_dataset_config(v.dataset, v.dataset_path, section="validation")
+    check_data_config(v, section="validation")
     seq_len, batch = v.seq_len or t.seq_len, v.local_batch_size or t.local_batch_size
     if seq_len > t.seq_len:
         raise ConfigError(

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -79,6 +80,7 @@ class MetricsProcessor:
     sinks: list[Any] = field(default_factory=list)  # where this rank's numbers are written
     color: bool = True
     is_rank0: bool = True
+    data_tokens: Callable[[], dict[str, int]] | None = None  # tokens each data source has given
     ntokens_since_last_log: int = 0
     data_loading_times: list[float] = field(default_factory=list)
     _last_log_time: float = field(default_factory=time.perf_counter)
@@ -112,8 +114,13 @@ class MetricsProcessor:
         }
         if mfu is not None:
             values["throughput/mfu_pct"] = mfu
+        sources = self.data_tokens() if self.data_tokens is not None else {}
+        if len(sources) > 1:  # a mixture: how much of the data each source has given so far
+            values.update({f"data/tokens/{name}": float(n) for name, n in sources.items()})
         if self.is_rank0:
             self._print(step, values, mfu)
+            if len(sources) > 1:
+                logger.info(_sources_line(sources))
         for sink in self.sinks:
             sink.write(values, step)
         self.ntokens_since_last_log = 0
@@ -152,6 +159,21 @@ class MetricsProcessor:
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+
+
+def _sources_line(sources: dict[str, int]) -> str:
+    """``data: web 70.0% (1.2M tokens)  code 30.0% (0.5M tokens)``: shares of the tokens so far."""
+    total = sum(sources.values()) or 1
+    return "data: " + "  ".join(
+        f"{name} {100 * n / total:.1f}% ({_si(n)} tokens)" for name, n in sources.items()
+    )
+
+
+def _si(n: float) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}"
 
 
 class TensorBoardSink:

@@ -309,5 +309,5 @@ def test_state_of_a_text_dataset_is_refused(tmp_path):
         "virtual_shards": 8,
         **{f"shard_{v}": b'{"version":1,"streaming":false}' for v in range(8)},
     }
-    with pytest.raises(ConfigError, match="saved from a text dataset"):
+    with pytest.raises(ConfigError, match="saved from one text dataset"):
         ld.load_state_dict(text_state)

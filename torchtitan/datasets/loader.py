@@ -1,43 +1,62 @@
-"""The pretraining data loader: a source cut into virtual shards, served as packed token batches.
+"""The pretraining data loader: one source or a weighted mixture, served as packed token batches.
 
-Virtual shards
-    The dataset is cut into ``V`` virtual shards with ``datasets.distributed.split_dataset_by_node``
-    (contiguous row ranges for map-style datasets; whole files, or every ``V``-th row, for streamed
-    ones), where ``V`` is the global batch size in sequences, whatever the data-parallel degree.
-    Each shard is packed on its own (:class:`~torchtitan.datasets.reader.ShardReader`): window
-    ``w`` of ``seq_len + 1`` tokens gives ``input = w[:-1]``, ``label = w[1:]``. Step ``t``'s global
-    batch is window ``t`` of every shard, so it is a function of (dataset, step) only: 1, 2 or 4
-    ranks read the same sequences. Data-parallel rank ``r`` of ``D`` owns shards
-    ``[r V/D, (r+1) V/D)`` and serves them ``local_batch_size`` at a time (one batch per
+The global stream
+    Step ``t``'s global batch is windows ``[tV, (t+1)V)`` of one global stream of ``seq_len + 1``
+    token windows, ``V`` being the global batch size in sequences whatever the data-parallel
+    degree; window ``w`` gives ``input = w[:-1]``, ``label = w[1:]``. A
+    :class:`~torchtitan.datasets.blend.Blend` says which source each window comes from (always
+    the one source when there is no mixture). Data-parallel rank ``r`` of ``D`` serves rows
+    ``[r V/D, (r+1) V/D)`` of every step, ``local_batch_size`` at a time (one batch per
     gradient-accumulation microbatch), as two ``int64`` tensors ``[local_batch_size, seq_len]``.
 
+Sources
+    A pretokenized corpus (or a text corpus with fewer rows than ``V``, tokenized whole) is a
+    :class:`~torchtitan.datasets.token_windows.TokenWindows` stream: the ``m``-th window the blend
+    gives it is its window ``m``, read directly. Any other dataset is tokenized on the fly: it is
+    cut into ``V`` virtual shards with ``datasets.distributed.split_dataset_by_node`` (contiguous
+    row ranges for map-style data; whole files, or every ``V``-th row, for streamed data), and row
+    ``v`` of the batch reads shard ``v`` (:class:`~torchtitan.datasets.reader.ShardReader`), one
+    window each time the blend gives row ``v`` to that source. Either way the data of step ``t`` is
+    a function of (sources, weights, seed, ``t``) only: 1, 2 or 4 ranks read the same sequences.
+
 Epochs
-    In infinite mode iteration never ends. A non-infinite loader ends its pass when a shard has no
-    whole window left, dropping the partial windows, and rewinds.
+    In infinite mode iteration never ends. A non-infinite loader ends its pass when a row has no
+    window left (a shard out of whole windows, or a token stream at the end of its first epoch) and
+    rewinds.
 
 Checkpointing
     :meth:`HFDataLoader.state_dict` returns ``{"virtual_shards": V, "shard_<v>": <bytes>}`` for
-    this rank's shards, the bytes being each shard's :meth:`~ShardReader.state`, so that a fresh
-    loader given this state yields exactly the batches the saved one would have yielded next.
-    Shards are keyed by index, not by rank, so a run with another data-parallel degree (same global
-    batch size) can resume from the union of the saved ranks' states. Each value is one opaque
-    object so that a distributed checkpoint loads it back whole.
+    this rank's rows that read text sources (each shard's :meth:`~ShardReader.state`; with several
+    text sources, a JSON object of them by source name), plus ``"blend": <bytes>`` (the blend's
+    position, the same on every rank) when the blend matters: several sources, or a token stream.
+    A fresh loader given this state yields exactly the batches the saved one would have yielded
+    next. Rows are keyed by index, not by rank, so a run with another data-parallel degree (same
+    global batch size) can resume from the union of the saved ranks' states. Each value is one
+    opaque object so that a distributed checkpoint loads it back whole.
 """
 
 from __future__ import annotations
 
+import json
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from torchtitan.config_manager import global_batch
-from torchtitan.datasets.indexed import IndexedCorpus, indexed_prefixes, open_corpus
+from torchtitan.datasets.blend import Blend
+from torchtitan.datasets.mixture import (
+    SourceSpec,
+    describe,
+    mixture_specs,
+    open_source,
+    parse_entries,
+)
 from torchtitan.datasets.reader import ShardReader, Tokenizer
-from torchtitan.datasets.sources import Source, load_source
-from torchtitan.datasets.token_windows import InMemoryDocs, TokenWindows, WindowRow
+from torchtitan.datasets.sources import Source
+from torchtitan.datasets.token_windows import TokenWindows
 from torchtitan.errors import ConfigError, DataError
 from torchtitan.log import logger
 
@@ -45,22 +64,17 @@ from torchtitan.log import logger
 class HFDataLoader:
     """Packed ``(inputs, labels)`` batches for one data-parallel rank; checkpointable.
 
-    The dataset is cut into ``virtual_shards`` shards (``split_dataset_by_node(ds, v, V)``), one per
-    sequence of the global batch, however many data-parallel ranks there are. Each shard is packed
-    on its own and gives one ``seq_len + 1`` window per training step, so the global batch of step
-    ``t`` is window ``t`` of every shard: the same for 1, 2 or 4 ranks. DP rank ``r`` of ``D``
-    owns the contiguous shards ``[r V/D, (r+1) V/D)``; its ``V / (D * local_batch_size)`` batches
-    per step (gradient-accumulation microbatches) take ``local_batch_size`` of them each, in order.
-
-    Iterating continues from the current position (a fresh loader starts at the beginning, a loader
-    given a ``load_state_dict`` starts where the saved one stopped). In infinite mode iteration
-    never ends; otherwise one ``iter()`` is one pass, ending when a shard runs out of whole windows,
-    after which the loader rewinds, so the next ``iter()`` is a fresh pass.
+    ``sources`` are opened sources (text :class:`Source` or :class:`TokenWindows`), ``names`` their
+    names in metrics and checkpoints, ``weights`` their shares (None: one source). Iterating
+    continues from the current position (a fresh loader starts at the beginning, a loader given a
+    ``load_state_dict`` starts where the saved one stopped). In infinite mode iteration never ends;
+    otherwise one ``iter()`` is one pass, after which the loader rewinds, so the next ``iter()`` is
+    a fresh pass.
     """
 
     def __init__(
         self,
-        source: Source | TokenWindows,
+        sources: Sequence[Source | TokenWindows],
         *,
         tokenizer: Tokenizer,
         local_batch_size: int,
@@ -69,47 +83,54 @@ class HFDataLoader:
         dp_world_size: int = 1,
         global_batch_size: int | None = None,
         infinite: bool = True,
+        names: Sequence[str] | None = None,
+        weights: Sequence[float] | None = None,
+        section: str = "training",
     ) -> None:
-        self.label = source.store.label if isinstance(source, TokenWindows) else source.label
-        self.text_field = None if isinstance(source, TokenWindows) else source.text_field
+        self.sources = list(sources)
+        self.names = list(names) if names else [_label(s) for s in self.sources]
+        self.label = ", ".join(_label(s) for s in self.sources)
+        self.text_field = next((s.text_field for s in self.sources if isinstance(s, Source)), None)
         self.tokenizer = tokenizer
         self.local_batch_size = local_batch_size
         self.seq_len = seq_len
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.infinite = infinite
+        self.section = section
         self.virtual_shards, _ = global_batch(
             local_batch_size, global_batch_size or -1, dp_world_size
         )
         per_rank = self.virtual_shards // dp_world_size
         self.shards = range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
-        self.source = source
+        self.blend = Blend(weights or [1.0] * len(self.sources), self.names)
+        self._saves_blend = len(self.sources) > 1 or any(
+            isinstance(s, TokenWindows) for s in self.sources
+        )
         self.streaming = False
-        self._readers: list[ShardReader] | list[WindowRow]
-        if isinstance(source, TokenWindows):
-            self._readers = [
-                WindowRow(source, index=v, virtual_shards=self.virtual_shards, infinite=infinite,
-                          first_on_rank=v == self.shards[0])
-                for v in self.shards
-            ]  # fmt: skip
-        else:
-            self._readers = self._shard_readers(source, tokenizer, seq_len + 1)
-        self._next_group = 0  # which local_batch_size block of this rank's shards reads next
+        # this rank's rows x sources: a shard reader for a text source, None for a token stream
+        self._readers: list[list[ShardReader | None]] = [[] for _ in self.shards]
+        for src in self.sources:
+            readers = self._shard_readers(src) if isinstance(src, Source) else None
+            for j in range(len(self.shards)):
+                self._readers[j].append(readers[j] if readers else None)
+        self._plan: tuple[list[int], list[int]] = ([], [])  # this step's (source, index) per row
+        self._step_start = self.blend.state()  # the blend before this step's plan was taken
+        self._next_group = 0  # which local_batch_size block of this rank's rows reads next
 
-    def _shard_readers(
-        self, source: Source, tokenizer: Tokenizer, window: int
-    ) -> list[ShardReader]:
-        """One reader per virtual shard of this rank: rows split with ``split_dataset_by_node``."""
+    def _shard_readers(self, source: Source) -> list[ShardReader]:
+        """One reader per row of this rank: shard ``v`` of the text source's ``V`` shards."""
         ds = source.dataset
         from datasets import IterableDataset
         from datasets.distributed import split_dataset_by_node
 
-        self.streaming = isinstance(ds, IterableDataset)
-        if not self.streaming and len(ds) < self.virtual_shards:
+        streaming = isinstance(ds, IterableDataset)
+        self.streaming = self.streaming or streaming
+        if not streaming and len(ds) < self.virtual_shards:
             raise DataError(
-                f"dataset '{self.label}' has {len(ds)} rows, fewer than its "
+                f"dataset '{source.label}' has {len(ds)} rows, fewer than its "
                 f"{self.virtual_shards} virtual shards (one per sequence of the global batch); use "
-                "a larger dataset or a smaller training.global_batch_size"
+                f"a larger dataset or a smaller {self.section}.global_batch_size"
             )
         return [
             ShardReader(
@@ -118,47 +139,73 @@ class HFDataLoader:
                 else ds,
                 index=v,
                 virtual_shards=self.virtual_shards,
-                tokenizer=tokenizer,
+                tokenizer=self.tokenizer,
                 text_field=source.text_field,
-                label=self.label,
-                window=window,
+                label=source.label,
+                window=self.seq_len + 1,
                 infinite=self.infinite,
-                streaming=self.streaming,
+                streaming=streaming,
                 first_on_rank=v == self.shards[0],
-            )
+            )  # fmt: skip
             for v in self.shards
         ]
 
     def restart(self) -> None:
         """Read from the beginning again (a validation pass that stopped part-way)."""
-        for r in self._readers:
-            r.rewind()
+        for row in self._readers:
+            for r in row:
+                if r is not None:
+                    r.rewind()
+        self.blend = Blend(self.blend.weights, self.names)
+        self._step_start = self.blend.state()
         self._next_group = 0
 
     @property
     def num_rows(self) -> int | None:
-        """Rows in this rank's shards (None for streamed or pretokenized data)."""
-        if self.streaming or isinstance(self.source, TokenWindows):
+        """Rows of text on this rank's shards (None when streamed or pretokenized)."""
+        counts = [self.rows_of(i) for i in range(len(self.sources))]
+        return None if None in counts else sum(c for c in counts if c is not None)
+
+    def rows_of(self, i: int) -> int | None:
+        """Rows of source ``i`` on this rank's shards (None when streamed or pretokenized)."""
+        readers = [row[i] for row in self._readers]
+        if readers[0] is None or readers[0].streaming:
             return None
-        return sum(len(r) for r in self._readers)
+        return sum(len(r) for r in readers if r is not None)
+
+    def tokens_per_source(self) -> dict[str, int]:
+        """Input tokens each source has given the global stream so far (the same on every rank)."""
+        return {n: c * self.seq_len for n, c in zip(self.names, self.blend.counts, strict=True)}
+
+    def _window(self, j: int) -> list[int] | np.ndarray | None:
+        """The next window of this rank's row ``j``, from the source this step's plan gives it."""
+        v = self.shards[j]
+        i, m = self._plan[0][v], self._plan[1][v]
+        src = self.sources[i]
+        if isinstance(src, TokenWindows):
+            return None if not self.infinite and m >= src.per_epoch else src[m]
+        reader = self._readers[j][i]
+        assert reader is not None
+        return reader.next_window()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         window = self.seq_len + 1
         n = self.local_batch_size
-        groups = len(self._readers) // n
+        groups = len(self.shards) // n
         while True:
-            readers = self._readers[self._next_group * n : (self._next_group + 1) * n]
-            rows = [r.next_window() for r in readers]
+            if self._next_group == 0:
+                self._step_start = self.blend.state()
+                self._plan = self.blend.take(self.virtual_shards)
+            g = self._next_group
+            rows = [self._window(j) for j in range(g * n, (g + 1) * n)]
             if any(w is None for w in rows):
-                for r in self._readers:
-                    r.rewind()
-                self._next_group = 0
+                self.restart()
                 return
-            self._next_group = (self._next_group + 1) % groups
-            if isinstance(rows[0], np.ndarray):
-                chunk = torch.from_numpy(np.stack(rows))
+            self._next_group = (g + 1) % groups
+            if all(isinstance(w, np.ndarray) for w in rows):
+                chunk = torch.from_numpy(np.stack(rows))  # type: ignore[arg-type]
             else:
-                flat_rows = [t for w in rows for t in w]
+                flat_rows = [int(t) for w in rows for t in w]  # type: ignore[union-attr]
                 # array -> tensor is several times faster than torch.tensor(list)
                 chunk = torch.frombuffer(array("q", flat_rows), dtype=torch.long).view(n, window)
             yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
@@ -166,16 +213,25 @@ class HFDataLoader:
     # ---- checkpointing
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"virtual_shards": V, "shard_<v>": UTF-8 JSON bytes}`` for this rank's shards."""
+        """``{"virtual_shards": V, "shard_<v>": bytes, ...}`` (see the module docstring)."""
         state: dict[str, Any] = {"virtual_shards": self.virtual_shards}
-        for r in self._readers:
-            state[f"shard_{r.index}"] = r.state()
+        if self._saves_blend:
+            blend = json.loads(self.blend.state() if self._next_group == 0 else self._step_start)
+            blend["next_group"] = self._next_group
+            state["blend"] = json.dumps(blend, separators=(",", ":")).encode()
+        text = [i for i, s in enumerate(self.sources) if isinstance(s, Source)]
+        for j, v in enumerate(self.shards):
+            if len(text) == 1 and len(self.sources) == 1:
+                state[f"shard_{v}"] = self._readers[j][0].state()  # type: ignore[union-attr]
+            elif text:
+                by_name = {self.names[i]: self._readers[j][i].state().decode() for i in text}  # type: ignore[union-attr]
+                state[f"shard_{v}"] = json.dumps(by_name, separators=(",", ":")).encode()
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from a saved state; call before iterating (or take a new ``iter()``).
 
-        The state may come from a run with another data-parallel degree: shards are keyed by their
+        The state may come from a run with another data-parallel degree: rows are keyed by their
         index, so only the number of virtual shards (the global batch size) must match.
         """
         if not state_dict:
@@ -189,8 +245,12 @@ class HFDataLoader:
             raise ConfigError(
                 f"data loader checkpoint: saved with {saved} virtual shards (the global batch "
                 f"size then), but this run has {self.virtual_shards}; resume with "
-                f"training.global_batch_size = {saved}, or start the data from scratch"
+                f"{self.section}.global_batch_size = {saved}, or start the data from scratch"
             )
+        self._load_blend(state_dict)
+        text = [i for i, s in enumerate(self.sources) if isinstance(s, Source)]
+        if not text:
+            return
         missing = [v for v in self.shards if f"shard_{v}" not in state_dict]
         if missing:
             found = sorted(k for k in state_dict if k.startswith("shard_"))
@@ -198,32 +258,46 @@ class HFDataLoader:
                 f"data loader checkpoint: no state for virtual shard(s) {missing} of dp rank "
                 f"{self.dp_rank} (found: {', '.join(found) or 'none'})"
             )
-        for r in self._readers:
-            r.load(state_dict[f"shard_{r.index}"])
-        # Groups advance in order within a step: the next group is the first one behind group 0.
-        n = self.local_batch_size
-        counts = [self._readers[g * n].windows for g in range(len(self._readers) // n)]
-        self._next_group = next((g for g, c in enumerate(counts) if c < counts[0]), 0)
+        for j, v in enumerate(self.shards):
+            blob = state_dict[f"shard_{v}"]
+            if len(self.sources) == 1:
+                self._readers[j][0].load(blob)  # type: ignore[union-attr]
+                continue
+            by_name = json.loads(blob)
+            for i in text:
+                if self.names[i] not in by_name:
+                    raise ConfigError(
+                        f"data loader checkpoint: no state for source '{self.names[i]}' on "
+                        f"virtual shard {v} (found: {', '.join(by_name)})"
+                    )
+                self._readers[j][i].load(by_name[self.names[i]].encode())  # type: ignore[union-attr]
+        if not self._saves_blend:
+            # One text source: groups advance in order within a step, so the next group is the
+            # first one behind group 0.
+            n = self.local_batch_size
+            counts = [self._readers[g * n][0].windows for g in range(len(self.shards) // n)]  # type: ignore[union-attr]
+            self._next_group = next((g for g, c in enumerate(counts) if c < counts[0]), 0)
+
+    def _load_blend(self, state_dict: dict[str, Any]) -> None:
+        if not self._saves_blend:
+            return
+        if "blend" not in state_dict:
+            raise ConfigError(
+                f"data loader checkpoint: saved from one text dataset, but this run reads "
+                f"{self.label} as a mixture or as pretokenized windows; resume with the same "
+                f"{self.section} data settings, or leave the data position behind with "
+                "checkpoint.exclude_from_loading = ['dataloader']"
+            )
+        blob = state_dict["blend"]
+        self.blend.load(blob, section=self.section, warn=self.dp_rank == 0)
+        self._next_group = int(json.loads(blob).get("next_group", 0))
+        self._step_start = self.blend.state()
+        if self._next_group:  # saved inside a step: take its plan again
+            self._plan = self.blend.take(self.virtual_shards)
 
 
-def _too_few_rows(source: Source, virtual_shards: int) -> bool:
-    """A map-style dataset with fewer rows than the global batch cannot be split by rows."""
-    from datasets import IterableDataset
-
-    return not isinstance(source.dataset, IterableDataset) and len(source.dataset) < virtual_shards
-
-
-def _tokenize_all(source: Source, tokenizer: Tokenizer) -> InMemoryDocs:
-    """Every document of a small map-style dataset, tokenized with BOS and EOS."""
-    reader = ShardReader(
-        source.dataset, index=0, virtual_shards=1, tokenizer=tokenizer,
-        text_field=source.text_field, label=source.label, window=1, infinite=False,
-        streaming=False, first_on_rank=False,
-    )  # fmt: skip
-    docs = [
-        np.asarray(tokenizer.encode(t, bos=True, eos=True), dtype=np.int64) for t in reader.texts()
-    ]
-    return InMemoryDocs(docs, label=source.label)
+def _label(source: Source | TokenWindows) -> str:
+    return source.store.label if isinstance(source, TokenWindows) else source.label
 
 
 def build_hf_dataloader(
@@ -243,18 +317,21 @@ def build_hf_dataloader(
     section: str = "training",
     seed: int = 0,
     shuffle: bool = False,
+    datasets: Any = None,
 ) -> HFDataLoader:
     """The data loader for one data-parallel rank.
 
     ``global_batch_size`` (sequences per optimizer step) sets the number of virtual shards; None
     means ``local_batch_size * dp_world_size`` (no gradient accumulation).
 
-    ``text_field`` / ``streaming`` ``None`` take the named dataset's defaults (``"text"``; local
-    files are not streamed, Hub datasets are).
+    ``datasets`` (``{section}.datasets``: a list of tables, JSON, or ``a:0.7,b:0.3``) makes a
+    weighted mixture and replaces ``dataset`` / ``dataset_path`` / ``text_field`` / ``streaming``,
+    which otherwise name the one source (``None`` takes the named dataset's defaults: ``"text"``;
+    local files are not streamed, Hub datasets are). ``seed`` and ``shuffle`` order pretokenized
+    sources' documents.
 
     ``section`` is the config section the settings came from (``"training"``, or
-    ``"validation"`` for the validation loader): messages about ``dataset``, ``dataset_path``,
-    ``local_batch_size`` and ``seq_len`` name keys of that section.
+    ``"validation"`` for the validation loader): messages name keys of that section.
     """
     if local_batch_size < 1:
         raise ConfigError(f"{section}.local_batch_size: {local_batch_size} must be >= 1")
@@ -263,52 +340,43 @@ def build_hf_dataloader(
     if not 0 <= dp_rank < dp_world_size:
         raise ValueError(f"dp_rank {dp_rank} must be in [0, dp_world_size={dp_world_size})")
     virtual_shards = global_batch_size or local_batch_size * dp_world_size
-    source: Source | TokenWindows
+    if datasets:
+        specs = mixture_specs(parse_entries(datasets, section), section)
+    else:
+        label = dataset_path or dataset
+        specs = [SourceSpec(label, dataset, dataset_path, 1.0, text_field, streaming)]
     windows = dict(window=seq_len + 1, seed=seed, shuffle=shuffle, section=section,
                    vocab_size=getattr(tokenizer, "n_words", None), log_epochs=dp_rank == 0)  # fmt: skip
-    if dataset_path is not None and indexed_prefixes(dataset_path) is not None:
-        fingerprint = getattr(tokenizer, "fingerprint", None)
-        corpus = open_corpus(
-            dataset_path, tokenizer=fingerprint() if fingerprint else None, section=section
-        )
-        source = TokenWindows(corpus, **windows)
-    else:
-        source = load_source(
-            dataset=dataset,
-            dataset_path=dataset_path,
-            split=split,
-            text_field=text_field,
-            streaming=streaming,
-            num_shards=virtual_shards,
-            section=section,
-        )
-        if _too_few_rows(source, virtual_shards):
-            source = TokenWindows(_tokenize_all(source, tokenizer), **windows)
+    sources = [
+        open_source(spec, tokenizer=tokenizer, virtual_shards=virtual_shards, split=split,
+                    section=section, windows=windows)
+        for spec in specs
+    ]  # fmt: skip
     loader = HFDataLoader(
-        source,
-        tokenizer=tokenizer,
-        local_batch_size=local_batch_size,
-        seq_len=seq_len,
-        dp_rank=dp_rank,
-        dp_world_size=dp_world_size,
-        global_batch_size=virtual_shards,
-        infinite=infinite,
-    )
-    shards = loader.shards
-    if isinstance(source, TokenWindows):
-        order = f"shuffled with seed {seed}" if shuffle else "in stored order"
-        kind = "pretokenized" if isinstance(source.store, IndexedCorpus) else (
-            "fewer rows than the global batch: tokenized whole, cut by tokens"
-        )  # fmt: skip
-        what = (
-            f"{kind}, {len(source.store.doc_lengths):,} documents, {source.num_tokens:,} "
-            f"tokens, {source.per_epoch:,} windows per epoch, {order}"
-        )
-    else:
-        kind = "streamed" if loader.streaming else f"{loader.num_rows:,} rows on this rank"
-        what = f"split {split}, text field '{source.text_field}', {kind}"
-    logger.info(
-        f"Dataset {loader.label} ({what}): virtual shards {shards.start}-{shards.stop - 1} of "
-        f"{loader.virtual_shards} on dp rank {dp_rank} of {dp_world_size}"
-    )
+        sources, tokenizer=tokenizer, local_batch_size=local_batch_size, seq_len=seq_len,
+        dp_rank=dp_rank, dp_world_size=dp_world_size, global_batch_size=virtual_shards,
+        infinite=infinite, names=[s.name for s in specs], weights=[s.weight for s in specs],
+        section=section,
+    )  # fmt: skip
+    _log_sources(loader, specs, split)
     return loader
+
+
+def _log_sources(loader: HFDataLoader, specs: list[SourceSpec], split: str) -> None:
+    shards = loader.shards
+    where = (
+        f"virtual shards {shards.start}-{shards.stop - 1} of {loader.virtual_shards} on dp rank "
+        f"{loader.dp_rank} of {loader.dp_world_size}"
+    )
+    lines = [
+        f"{_label(src)} ({describe(src, split=split, rows=loader.rows_of(i))})"
+        for i, src in enumerate(loader.sources)
+    ]
+    if len(specs) == 1:
+        logger.info(f"Dataset {lines[0]}: {where}")
+        return
+    logger.info(
+        f"Data mixture of {len(specs)} sources, {loader.blend.shares()} of the windows: {where}"
+    )
+    for spec, line in zip(specs, lines, strict=True):
+        logger.info(f"  {spec.name}: weight {spec.weight:g}, {line}")

@@ -13,12 +13,11 @@ Documents are read as stored (a pretokenized corpus holds BOS/EOS already).
 
 from __future__ import annotations
 
-import json
 from typing import Protocol
 
 import numpy as np
 
-from torchtitan.errors import ConfigError, DataError
+from torchtitan.errors import DataError
 from torchtitan.log import logger
 
 
@@ -133,77 +132,3 @@ class TokenWindows:
                 "another tokenizer (see its manifest.json), or model.tokenizer_path is wrong"
             )
         return out
-
-
-STATE_VERSION = 1
-
-
-class WindowRow:
-    """One row of the global batch reading a :class:`TokenWindows` stream.
-
-    Row ``index`` of ``virtual_shards`` (V) serves windows ``index, index + V, index + 2V, ...``:
-    step ``t``'s global batch is windows ``[tV, (t+1)V)``, whatever the number of data-parallel
-    ranks. The interface is :class:`~torchtitan.datasets.reader.ShardReader`'s, so the loader
-    serves either. A non-infinite row ends its pass at the end of the first epoch.
-    """
-
-    def __init__(
-        self, windows: TokenWindows, *, index: int, virtual_shards: int, infinite: bool,
-        first_on_rank: bool,
-    ) -> None:  # fmt: skip
-        self.source = windows
-        self.index = index
-        self.virtual_shards = virtual_shards
-        self.infinite = infinite
-        self.first_on_rank = first_on_rank
-        self.label = windows.store.label
-        self.windows = 0  # windows served so far
-
-    def next_window(self) -> np.ndarray | None:
-        m = self.windows * self.virtual_shards + self.index
-        if not self.infinite and m >= self.source.per_epoch:
-            return None
-        self.windows += 1
-        return self.source[m]
-
-    def rewind(self) -> None:
-        self.windows = 0
-
-    def state(self) -> bytes:
-        src = self.source
-        state = {
-            "version": STATE_VERSION,
-            "kind": "token_windows",
-            "dataset": self.label,
-            "windows": self.windows,
-            "seed": src.seed,
-            "shuffle": src.shuffle,
-            "num_tokens": src.num_tokens,
-        }
-        return json.dumps(state, separators=(",", ":")).encode()
-
-    def load(self, blob: bytes) -> None:
-        state = json.loads(blob)
-        if state.get("kind") != "token_windows" or state.get("version") != STATE_VERSION:
-            raise ConfigError(
-                f"data loader checkpoint: saved from a {state.get('kind', 'text')} dataset, but "
-                f"dataset '{self.label}' is read as pretokenized windows; resume with the same "
-                "training.dataset / training.dataset_path"
-            )
-        src = self.source
-        changed = [
-            f"{k} {state[k]} -> {now}"
-            for k, now in (
-                ("seed", src.seed),
-                ("shuffle", src.shuffle),
-                ("num_tokens", src.num_tokens),
-            )
-            if state.get(k) != now
-        ]
-        if changed and self.first_on_rank:
-            logger.warning(
-                f"data loader checkpoint of dataset '{state.get('dataset')}' was saved with another "
-                f"data order ({', '.join(changed)}); continuing at window {state['windows']:,} of "
-                "each row of the new order"
-            )
-        self.windows = int(state["windows"])
