@@ -103,6 +103,7 @@ def dataloader_for(
         streaming=t.dataset_streaming,
         seed=t.data_seed,
         shuffle=t.shuffle,
+        shuffle_buffer=t.shuffle_buffer,
         datasets=t.datasets,
     )
 

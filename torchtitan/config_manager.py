@@ -188,7 +188,12 @@ class Training:
     )
     shuffle: bool = opt(
         True,
-        "Read pretokenized corpora in a seeded permutation of their documents, a new one every epoch (false = stored order)",
+        "Read each epoch of map-style and pretokenized data in a seeded permutation of its documents (a new one every epoch), streamed data through a shuffle buffer; false = stored order",
+    )
+    shuffle_buffer: int = opt(
+        100,
+        "Documents each virtual shard of streamed data holds to shuffle (they are saved in checkpoints); 0 = streamed data unshuffled",
+        ge=0,
     )
     data_seed: int = opt(0, "Seed of the data order (shuffling); independent of debug.seed", ge=0)
     local_batch_size: int = opt(8, "Sequences per micro-batch per data-parallel rank", ge=1)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import datasets
 import huggingface_hub.constants
+import numpy as np
 import pytest
 import torch
 from datasets.distributed import split_dataset_by_node
@@ -21,6 +22,7 @@ from repo_paths import TIKTOKEN_PATH as TOKENIZER_ASSET
 
 from torchtitan.datasets import build_hf_dataloader, sources
 from torchtitan.datasets.sources import DATASETS
+from torchtitan.datasets.token_windows import ShardPermutations, epoch_permutation
 from torchtitan.errors import ConfigError, DataError
 
 
@@ -408,12 +410,14 @@ def _check_resume(make, k: int, m: int) -> None:
     assert_same_batches(take(iter(resumed), m), reference[k:])
 
 
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
 @pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
 @pytest.mark.parametrize("k", [0, 1, 3, 5, 6, 7, 9, 12])
-def test_exact_resume_across_epochs(tmp_path, streaming, k):
+def test_exact_resume_across_epochs(tmp_path, streaming, shuffle, k):
     # 5 documents ~ 60 tokens ~ 5 batches of 12 tokens per epoch: k..k+8 spans epoch boundaries
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(5))
-    _check_resume(lambda: build(path, streaming=streaming), k, m=8)
+    shuffled = dict(shuffle=shuffle, seed=5, shuffle_buffer=2)
+    _check_resume(lambda: build(path, streaming=streaming, **shuffled), k, m=8)
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
@@ -635,10 +639,15 @@ def global_batches(make, dp: int, local: int, steps: int, start: list[dict] | No
     return out, loaders
 
 
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
 @pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
-def test_global_batch_is_the_same_for_every_layout(tmp_path, streaming):
+def test_global_batch_is_the_same_for_every_layout(tmp_path, streaming, shuffle):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(40))
-    make = lambda **kw: build(path, streaming=streaming, global_batch_size=8, seq_len=7, **kw)  # noqa: E731
+    shuffled = dict(shuffle=shuffle, seed=5, shuffle_buffer=2)
+
+    def make(**kw):
+        return build(path, streaming=streaming, global_batch_size=8, seq_len=7, **shuffled, **kw)
+
     reference, _ = global_batches(make, 1, 8, steps=6)
     assert all(b.shape == (8, 7) for b in reference)
     assert len({tuple(b.flatten().tolist()) for b in reference}) == 6  # steps differ
@@ -648,10 +657,15 @@ def test_global_batch_is_the_same_for_every_layout(tmp_path, streaming):
             assert torch.equal(a, b), f"dp={dp} local={local}: step {step} differs"
 
 
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
 @pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
-def test_resume_with_another_data_parallel_degree(tmp_path, streaming):
+def test_resume_with_another_data_parallel_degree(tmp_path, streaming, shuffle):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(40))
-    make = lambda **kw: build(path, streaming=streaming, global_batch_size=8, seq_len=7, **kw)  # noqa: E731
+    shuffled = dict(shuffle=shuffle, seed=5, shuffle_buffer=2)
+
+    def make(**kw):
+        return build(path, streaming=streaming, global_batch_size=8, seq_len=7, **shuffled, **kw)
+
     reference, _ = global_batches(make, 1, 8, steps=7)
     _, saved = global_batches(make, 2, 2, steps=3)
     states = [loader.state_dict() for loader in saved]
@@ -700,3 +714,58 @@ def test_streamed_data_with_fewer_rows_than_shards(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(3))
     with pytest.raises(DataError, match=r"virtual shard 3 \(of 4\) has no rows.*global_batch_size"):
         next(iter(build(path, local_batch_size=4, streaming=True)))
+
+
+# ---- shuffling
+
+
+def test_shard_permutation_slices_are_the_contiguous_shards_of_datasets():
+    for n, shards in ((10, 3), (8, 8), (17, 4), (5, 1)):
+        ds = datasets.Dataset.from_dict({"i": list(range(n))})
+        perms = ShardPermutations(n, seed=0, shards=shards)
+        for v in range(shards):
+            start, stop = perms.bounds(v)
+            assert split_dataset_by_node(ds, rank=v, world_size=shards)["i"] == list(
+                range(start, stop)
+            )
+        epoch = np.concatenate([perms.rows(3, v) for v in range(shards)])
+        assert sorted(epoch.tolist()) == list(range(n))
+
+
+def test_shuffled_map_style_epochs_are_seeded_permutations(tmp_path):
+    texts = make_docs(12)
+    path = write_jsonl(tmp_path / "d.jsonl", texts)
+    ld = build(path, local_batch_size=1, seq_len=3, shuffle=True, seed=9)
+    epoch_tokens = len(token_stream(texts))
+    got = flat(take(iter(ld), 3 * epoch_tokens // 4))  # about three epochs
+    for epoch in range(2):
+        order = epoch_permutation(12, 9, epoch)
+        expected = token_stream([texts[i] for i in order])
+        start = epoch * epoch_tokens
+        assert got[start : start + epoch_tokens] == expected, epoch
+    assert epoch_permutation(12, 9, 0).tolist() != epoch_permutation(12, 9, 1).tolist()
+    again = flat(take(iter(build(path, local_batch_size=1, seq_len=3, shuffle=True, seed=9)), 20))
+    other = flat(take(iter(build(path, local_batch_size=1, seq_len=3, shuffle=True, seed=8)), 20))
+    assert again == got[: len(again)] and other != again
+
+
+def test_shuffled_stream_reads_every_document_once_per_epoch(tmp_path):
+    texts = make_docs(30)
+    path = write_jsonl(tmp_path / "d.jsonl", texts)
+
+    def first_epoch() -> list[str]:
+        ld = build(path, streaming=True, local_batch_size=1, seq_len=3, shuffle=True, seed=2,
+                   shuffle_buffer=8)  # fmt: skip
+        got = flat(take(iter(ld), len(token_stream(texts)) // 4))
+        docs, cur = [], []
+        for t in got:  # cut the stream at EOS: whole documents in the order they were read
+            cur.append(t)
+            if t == TOK.eos_id:
+                docs.append(TOK.decode(cur))
+                cur = []
+        return docs
+
+    docs = first_epoch()
+    assert len(docs) >= 29 and len(set(docs)) == len(docs) and set(docs) <= set(texts)
+    assert docs != texts[: len(docs)]  # shuffled
+    assert first_epoch() == docs  # the same seed gives the same order

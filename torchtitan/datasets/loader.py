@@ -56,7 +56,7 @@ from torchtitan.datasets.mixture import (
 )
 from torchtitan.datasets.reader import ShardReader, Tokenizer
 from torchtitan.datasets.sources import Source
-from torchtitan.datasets.token_windows import TokenWindows
+from torchtitan.datasets.token_windows import ShardPermutations, TokenWindows
 from torchtitan.errors import ConfigError, DataError
 from torchtitan.log import logger
 
@@ -86,6 +86,9 @@ class HFDataLoader:
         names: Sequence[str] | None = None,
         weights: Sequence[float] | None = None,
         section: str = "training",
+        seed: int = 0,
+        shuffle: bool = False,
+        shuffle_buffer: int = 0,
     ) -> None:
         self.sources = list(sources)
         self.names = list(names) if names else [_label(s) for s in self.sources]
@@ -98,6 +101,7 @@ class HFDataLoader:
         self.dp_world_size = dp_world_size
         self.infinite = infinite
         self.section = section
+        self.seed, self.shuffle, self.shuffle_buffer = seed, shuffle, shuffle_buffer
         self.virtual_shards, _ = global_batch(
             local_batch_size, global_batch_size or -1, dp_world_size
         )
@@ -132,11 +136,18 @@ class HFDataLoader:
                 f"{self.virtual_shards} virtual shards (one per sequence of the global batch); use "
                 f"a larger dataset or a smaller {self.section}.global_batch_size"
             )
+        perms = None
+        if self.shuffle and not streaming:  # each epoch's permutation of all rows, sliced by shard
+            perms = ShardPermutations(len(ds), self.seed, self.virtual_shards)
         return [
             ShardReader(
-                split_dataset_by_node(ds, rank=v, world_size=self.virtual_shards)
-                if self.virtual_shards > 1
-                else ds,
+                ds
+                if perms is not None or self.virtual_shards == 1
+                else split_dataset_by_node(ds, rank=v, world_size=self.virtual_shards),
+                permutations=perms,
+                stream_shuffle=(self.shuffle_buffer, self.seed)
+                if streaming and self.shuffle and self.shuffle_buffer > 0
+                else None,
                 index=v,
                 virtual_shards=self.virtual_shards,
                 tokenizer=self.tokenizer,
@@ -317,6 +328,7 @@ def build_hf_dataloader(
     section: str = "training",
     seed: int = 0,
     shuffle: bool = False,
+    shuffle_buffer: int = 100,
     datasets: Any = None,
 ) -> HFDataLoader:
     """The data loader for one data-parallel rank.
@@ -327,8 +339,9 @@ def build_hf_dataloader(
     ``datasets`` (``{section}.datasets``: a list of tables, JSON, or ``a:0.7,b:0.3``) makes a
     weighted mixture and replaces ``dataset`` / ``dataset_path`` / ``text_field`` / ``streaming``,
     which otherwise name the one source (``None`` takes the named dataset's defaults: ``"text"``;
-    local files are not streamed, Hub datasets are). ``seed`` and ``shuffle`` order pretokenized
-    sources' documents.
+    local files are not streamed, Hub datasets are). With ``shuffle``, each epoch reads map-style
+    and pretokenized sources in a permutation seeded by (``seed``, epoch), and streamed sources
+    through a shuffle buffer of ``shuffle_buffer`` documents per virtual shard.
 
     ``section`` is the config section the settings came from (``"training"``, or
     ``"validation"`` for the validation loader): messages name keys of that section.
@@ -356,7 +369,7 @@ def build_hf_dataloader(
         sources, tokenizer=tokenizer, local_batch_size=local_batch_size, seq_len=seq_len,
         dp_rank=dp_rank, dp_world_size=dp_world_size, global_batch_size=virtual_shards,
         infinite=infinite, names=[s.name for s in specs], weights=[s.weight for s in specs],
-        section=section,
+        section=section, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
     )  # fmt: skip
     _log_sources(loader, specs, split)
     return loader

@@ -31,6 +31,9 @@ import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
+from torchtitan.datasets.token_windows import ShardPermutations
 from torchtitan.errors import ConfigError, DataError
 from torchtitan.log import logger
 
@@ -70,6 +73,8 @@ class ShardReader:
         infinite: bool,
         streaming: bool,
         first_on_rank: bool,
+        permutations: ShardPermutations | None = None,
+        stream_shuffle: tuple[int, int] | None = None,
     ) -> None:
         self.index = index
         self.virtual_shards = virtual_shards
@@ -81,6 +86,15 @@ class ShardReader:
         self.streaming = streaming
         self.first_on_rank = first_on_rank
         self._ds = ds
+        # Shuffled map-style data: ``ds`` is the whole dataset, each epoch's rows come from here.
+        self._perms = permutations
+        # Shuffled streamed data: (buffer size, seed) of a shuffle buffer over the stream.
+        self._shuffle = None if stream_shuffle is None else ShuffleBuffer(*stream_shuffle, index)
+        if permutations is not None:
+            start, stop = permutations.bounds(index)
+            self._len = stop - start
+        else:
+            self._len = 0 if streaming else len(ds)
         if not streaming:
             # Reading only the text column keeps wide datasets cheap; full rows only for errors.
             self._texts = ds.select_columns([text_field]) if text_field in ds.column_names else None
@@ -94,7 +108,7 @@ class ShardReader:
         self._texts_iter: Iterator[str] | None = None
 
     def __len__(self) -> int:
-        return len(self._ds)
+        return self._len
 
     # ---- rows
 
@@ -115,15 +129,24 @@ class ShardReader:
         )
 
     def _map_style_texts(self) -> Iterator[str]:
-        ds, n, field = self._ds, len(self._ds), self.text_field
+        ds, n, field = self._ds, self._len, self.text_field
+        order = None if self._perms is None else self._perms.rows(self.epoch, self.index)
         i = self.row
         while i < n:
+            rows = (
+                range(i, min(n, i + _ROWS_PER_READ))
+                if order is None
+                else order[i : i + _ROWS_PER_READ]
+            )
             if self._texts is None:
-                raise self._bad_row(i, ds[i])
-            texts = self._texts[i : i + _ROWS_PER_READ][field]
+                raise self._bad_row(i, ds[int(rows[0])])
+            if order is None:
+                texts = self._texts[i : i + _ROWS_PER_READ][field]
+            else:
+                texts = self._texts[rows.tolist()][field]
             for j, text in enumerate(texts):
                 if not isinstance(text, str):
-                    raise self._bad_row(i + j, ds[i + j])
+                    raise self._bad_row(i + j, ds[int(rows[j])])
                 self.row = i + j + 1
                 yield text
             i += len(texts)
@@ -138,16 +161,24 @@ class ShardReader:
         # Each pass has its own epoch number, so a loaded start state applies to its pass only
         # (datasets re-applies it to every pass with the same epoch).
         ds.set_epoch(self.epoch)
+        shuffle = self._shuffle
         if self._pending_hf_state is not None:
             ds.load_state_dict(self._pending_hf_state)
+        elif shuffle is not None:
+            shuffle.reset(self.epoch)
         self._pending_hf_state = None
         field = self.text_field
         for row in ds:
             text = row.get(field)
             if not isinstance(text, str):
                 raise self._bad_row(self.row, row)
+            out = text if shuffle is None else shuffle.push(text)
+            if out is not None:
+                self.row += 1
+                yield out
+        while shuffle is not None and shuffle.docs:  # the stream is done: empty the buffer
             self.row += 1
-            yield text
+            yield shuffle.pop()
 
     def _next_text(self) -> str | None:
         """The next document of this pass, or None at the end of the pass."""
@@ -214,8 +245,15 @@ class ShardReader:
             "windows": self.windows,
             "buffer": self.buffer,
             "hf_state": hf_state,
+            "order": self._order_name(),
+            "shuffle_buffer": None if self._shuffle is None else self._shuffle.state(),
         }
         return json.dumps(state, separators=(",", ":")).encode()
+
+    def _order_name(self) -> str:
+        if self._shuffle is not None:
+            return f"buffer-shuffled ({self._shuffle.size} documents), seed {self._shuffle.seed}"
+        return "stored" if self._perms is None else f"shuffled, seed {self._perms.seed}"
 
     def load(self, blob: bytes) -> None:
         state = json.loads(blob)
@@ -237,10 +275,16 @@ class ShardReader:
                 f"data loader checkpoint was saved for dataset '{state['dataset']}', "
                 f"now reading '{label}'; resuming at the saved position anyway"
             )
-        if not self.streaming and state["row"] > len(self._ds):
+        saved_order = state.get("order", "stored")
+        if saved_order != self._order_name() and self.first_on_rank:
+            logger.warning(
+                f"data loader checkpoint of dataset '{label}' read rows in {saved_order} order, "
+                f"this run in {self._order_name()} order; resuming at the saved row position"
+            )
+        if not self.streaming and state["row"] > len(self):
             raise ConfigError(
                 f"data loader checkpoint: saved at row {state['row']} of virtual shard "
-                f"{self.index}, but dataset '{label}' has {len(self._ds)} rows there; did the "
+                f"{self.index}, but dataset '{label}' has {len(self)} rows there; did the "
                 "data change?"
             )
         self.epoch = state["epoch"]
@@ -249,3 +293,48 @@ class ShardReader:
         self.buffer = list(state["buffer"])
         self._texts_iter = None
         self._pending_hf_state = state["hf_state"] if self.streaming and self.row > 0 else None
+        if self._shuffle is not None:
+            saved = state.get("shuffle_buffer")
+            self._shuffle.reset(self.epoch)
+            if saved is not None and self._pending_hf_state is not None:
+                self._shuffle.load(saved)
+
+
+class ShuffleBuffer:
+    """A seeded shuffle buffer over a stream of documents, for one virtual shard.
+
+    Until ``size`` documents are held, each new one is kept; then each new one takes the place of a
+    held one picked at random, which is read next. When the stream ends the held ones are read in
+    random order. The held documents and the generator's state are the buffer's whole state, so a
+    resumed run continues the same order exactly (the price: the documents are in the checkpoint).
+    Epoch ``e`` of shard ``v`` draws from a generator seeded by ``(seed, v, e)``.
+    """
+
+    def __init__(self, size: int, seed: int, shard: int) -> None:
+        self.size, self.seed, self.shard = size, seed, shard
+        self.docs: list[str] = []
+        self.rng = np.random.default_rng([seed, shard, 0])
+
+    def reset(self, epoch: int) -> None:
+        self.docs = []
+        self.rng = np.random.default_rng([self.seed, self.shard, epoch])
+
+    def push(self, doc: str) -> str | None:
+        if len(self.docs) < self.size:
+            self.docs.append(doc)
+            return None
+        i = int(self.rng.integers(self.size))
+        out, self.docs[i] = self.docs[i], doc
+        return out
+
+    def pop(self) -> str:
+        i = int(self.rng.integers(len(self.docs)))
+        self.docs[i], self.docs[-1] = self.docs[-1], self.docs[i]
+        return self.docs.pop()
+
+    def state(self) -> dict[str, Any]:
+        return {"docs": self.docs, "rng": self.rng.bit_generator.state}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.docs = list(state["docs"])
+        self.rng.bit_generator.state = state["rng"]

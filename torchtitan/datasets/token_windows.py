@@ -30,6 +30,37 @@ class DocumentStore(Protocol):
     def read(self, d: int, start: int, stop: int) -> np.ndarray: ...
 
 
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of ``n`` documents in ``epoch``: a permutation seeded by ``(seed, epoch)``."""
+    dtype = np.int32 if n < 2**31 else np.int64
+    return np.random.default_rng([seed, epoch]).permutation(n).astype(dtype, copy=False)
+
+
+class ShardPermutations:
+    """Each epoch's permutation of ``n`` rows, cut into ``shards`` contiguous slices (the ranges
+    ``datasets`` gives contiguous shards), the last two epochs cached for the readers of a rank."""
+
+    def __init__(self, n: int, seed: int, shards: int) -> None:
+        self.n, self.seed, self.shards = n, seed, shards
+        self._cache: dict[int, np.ndarray] = {}
+
+    def bounds(self, v: int) -> tuple[int, int]:
+        div, mod = divmod(self.n, self.shards)
+        start = div * v + min(v, mod)
+        return start, start + div + (1 if v < mod else 0)
+
+    def rows(self, epoch: int, v: int) -> np.ndarray:
+        """The dataset rows shard ``v`` reads in ``epoch``, in order."""
+        perm = self._cache.get(epoch)
+        if perm is None:
+            perm = epoch_permutation(self.n, self.seed, epoch)
+            if len(self._cache) >= 2:
+                self._cache.pop(min(self._cache))
+            self._cache[epoch] = perm
+        start, stop = self.bounds(v)
+        return perm[start:stop]
+
+
 class InMemoryDocs:
     """Tokenized documents held in memory (a corpus too small to split by rows)."""
 
@@ -86,7 +117,7 @@ class TokenWindows:
         """Epoch ``epoch``'s document order (None: the stored order)."""
         if not self.shuffle:
             return None
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self._lengths))
+        return epoch_permutation(len(self._lengths), self.seed, epoch)
 
     def _epoch(self, epoch: int) -> tuple[np.ndarray | None, np.ndarray]:
         """``(order, ends)``: the order and the running token count at each document's end."""
