@@ -206,6 +206,9 @@ class FakeTokenizer:
     def __init__(self, sha: str = "abc") -> None:
         self.sha = sha
 
+    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
+        raise AssertionError("pretokenized data is never tokenized again")
+
     def fingerprint(self) -> dict:
         return {
             "file": "tok.model",
@@ -311,3 +314,46 @@ def test_state_of_a_text_dataset_is_refused(tmp_path):
     }
     with pytest.raises(ConfigError, match="saved from one text dataset"):
         ld.load_state_dict(text_state)
+
+
+# ---- a Hugging Face dataset that holds token ids
+
+
+@pytest.fixture
+def hf_offline(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    return datasets
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_a_dataset_of_input_ids_is_read_as_stored(tmp_path, hf_offline, streaming):
+    docs = [d.tolist() for d in random_docs(40)]
+    path = tmp_path / "ids.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": d, "n": len(d)}) + "\n" for d in docs))
+    ld = build_hf_dataloader(
+        dataset="python_docs", dataset_path=str(path), tokenizer=FakeTokenizer(),
+        local_batch_size=1, seq_len=9, streaming=streaming,
+    )  # fmt: skip
+    assert isinstance(ld.sources[0], TokenWindows) != streaming  # map-style: random access
+    got = torch.cat([torch.cat([x, y[:, -1:]], 1) for (x, y), _ in zip(ld, range(12))]).flatten()
+    stream = [t for d in docs for t in d]
+    assert got.tolist() == stream[: len(got)]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_input_ids_outside_the_vocabulary(tmp_path, hf_offline, streaming):
+    path = tmp_path / "ids.jsonl"
+    path.write_text(
+        "".join(json.dumps({"input_ids": [1, 2, 3, VOCAB + 5, 4]}) + "\n" for _ in range(3))
+    )
+    ld = build_hf_dataloader(
+        dataset="python_docs", dataset_path=str(path), tokenizer=FakeTokenizer(),
+        local_batch_size=1, seq_len=4, streaming=streaming,
+    )  # fmt: skip
+    with pytest.raises(
+        DataError, match=rf"token id {VOCAB + 5} .*outside the tokenizer's vocabulary"
+    ):
+        next(iter(ld))

@@ -30,8 +30,14 @@ import numpy as np
 
 from torchtitan.datasets.indexed import IndexedCorpus, indexed_prefixes, open_corpus
 from torchtitan.datasets.reader import ShardReader, Tokenizer
-from torchtitan.datasets.sources import DATASETS, Source, check_dataset_config, load_source
-from torchtitan.datasets.token_windows import InMemoryDocs, TokenWindows
+from torchtitan.datasets.sources import (
+    DATASETS,
+    Source,
+    check_dataset_config,
+    holds_token_ids,
+    load_source,
+)
+from torchtitan.datasets.token_windows import HFTokenDocs, InMemoryDocs, TokenWindows
 from torchtitan.errors import ConfigError
 
 _ENTRY_KEYS = {"dataset", "path", "weight", "name", "text_field", "streaming"}
@@ -148,6 +154,12 @@ def open_source(
         dataset=spec.dataset, dataset_path=spec.path, split=split, text_field=spec.text_field,
         streaming=spec.streaming, num_shards=virtual_shards, section=section,
     )  # fmt: skip
+    from datasets import IterableDataset
+
+    if holds_token_ids(source) and not isinstance(source.dataset, IterableDataset):
+        return TokenWindows(
+            HFTokenDocs(source.dataset, field=source.text_field, label=source.label), **windows
+        )
     if _too_few_rows(source, virtual_shards):
         return TokenWindows(_tokenize_all(source, tokenizer), **windows)
     return source
@@ -179,6 +191,8 @@ def describe(source: Source | TokenWindows, *, split: str, rows: int | None) -> 
         order = f"shuffled with seed {source.seed}" if source.shuffle else "in stored order"
         if isinstance(source.store, IndexedCorpus):
             kind = "pretokenized"
+        elif isinstance(source.store, HFTokenDocs):
+            kind = "token ids from the dataset"
         else:
             kind = "fewer rows than the global batch: tokenized whole, cut by tokens"
         return (

@@ -170,7 +170,7 @@ class ShardReader:
         field = self.text_field
         for row in ds:
             text = row.get(field)
-            if not isinstance(text, str):
+            if not isinstance(text, (str, list)):
                 raise self._bad_row(self.row, row)
             out = text if shuffle is None else shuffle.push(text)
             if out is not None:
@@ -180,7 +180,7 @@ class ShardReader:
             self.row += 1
             yield shuffle.pop()
 
-    def _next_text(self) -> str | None:
+    def _next_text(self) -> str | list[int] | None:
         """The next document of this pass, or None at the end of the pass."""
         if self._texts_iter is None:
             self._texts_iter = self._streamed_texts() if self.streaming else self._map_style_texts()
@@ -193,8 +193,11 @@ class ShardReader:
         window, encode = self.window, self.tokenizer.encode
         while len(self.buffer) < window:
             text = self._next_text()
-            if text is not None:
+            if isinstance(text, str):
                 self.buffer.extend(encode(text, bos=True, eos=True))
+                continue
+            if text is not None:  # a row of token ids (input_ids), read as stored
+                self.buffer.extend(self._checked_ids(text))
                 continue
             if self.row == 0:
                 raise DataError(
@@ -210,6 +213,17 @@ class ShardReader:
         self.windows += 1
         return out
 
+    def _checked_ids(self, ids: list[int]) -> list[int]:
+        vocab = getattr(self.tokenizer, "n_words", None)
+        bad = [i for i in ids if not isinstance(i, int) or i < 0 or (vocab and i >= vocab)]
+        if bad:
+            raise DataError(
+                f"dataset '{self.label}': token id {bad[0]!r} in row {self.row} of virtual shard "
+                f"{self.index} is outside the tokenizer's vocabulary [0, {vocab}); the data was "
+                "tokenized with another tokenizer, or model.tokenizer_path is wrong"
+            )
+        return ids
+
     def _end_pass(self) -> None:
         self.epoch += 1
         self.row = 0
@@ -221,6 +235,7 @@ class ShardReader:
         log(
             f"dataset {self.label}: virtual shard {self.index} finished epoch "
             f"{self.epoch}, starting epoch {self.epoch + 1}"
+            + (" (rows reshuffled)" if self._perms is not None else "")
         )
 
     def rewind(self) -> None:

@@ -111,7 +111,8 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 
 @dataclass
 class Source:
-    """A resolved source: the unsharded dataset, its name in messages and its text column."""
+    """A resolved source: the unsharded dataset, its name in messages and its text column (or
+    its column of token ids, ``input_ids``, for a dataset tokenized already)."""
 
     dataset: Dataset | IterableDataset
     label: str
@@ -331,4 +332,18 @@ def load_source(
         label = dataset_path
     spec = DATASETS.get(dataset)
     field = text_field or (spec.text_field if spec is not None else "text")
+    columns = ds.column_names or []
+    if text_field is None and field not in columns and TOKEN_FIELD in columns:
+        field = TOKEN_FIELD  # a dataset tokenized already
     return Source(dataset=ds, label=label, text_field=field)
+
+
+TOKEN_FIELD = "input_ids"  # the column of a dataset that holds token ids rather than text
+
+
+def holds_token_ids(source: Source) -> bool:
+    """Whether the source's field is a list of integers (token ids) rather than text."""
+    features = getattr(source.dataset, "features", None) or {}
+    feature = features.get(source.text_field)
+    inner = getattr(feature, "feature", None)  # Sequence(Value("int32")) or List(Value(...))
+    return inner is not None and str(getattr(inner, "dtype", "")).startswith(("int", "uint"))

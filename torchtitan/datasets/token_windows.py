@@ -13,7 +13,7 @@ Documents are read as stored (a pretokenized corpus holds BOS/EOS already).
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -59,6 +59,23 @@ class ShardPermutations:
             self._cache[epoch] = perm
         start, stop = self.bounds(v)
         return perm[start:stop]
+
+
+class HFTokenDocs:
+    """The token-id column of a map-style Hugging Face dataset (one list of ids per row)."""
+
+    def __init__(self, ds: Any, *, field: str, label: str) -> None:
+        import pyarrow.compute as pc
+
+        self.label = label
+        table = ds.flatten_indices().data if getattr(ds, "_indices", None) is not None else ds.data
+        self._column = table.column(field)
+        self.doc_lengths = pc.list_value_length(self._column).to_numpy(zero_copy_only=False)
+        self.doc_lengths = np.nan_to_num(self.doc_lengths).astype(np.int64)  # a null row: empty
+
+    def read(self, d: int, start: int, stop: int) -> np.ndarray:
+        values = self._column[d].values
+        return np.asarray(values.slice(start, stop - start).to_numpy(zero_copy_only=False))
 
 
 class InMemoryDocs:
