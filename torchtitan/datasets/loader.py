@@ -381,8 +381,9 @@ def _log_sources(loader: HFDataLoader, specs: list[SourceSpec], split: str) -> N
         f"virtual shards {shards.start}-{shards.stop - 1} of {loader.virtual_shards} on dp rank "
         f"{loader.dp_rank} of {loader.dp_world_size}"
     )
+    order = (loader.seed, loader.shuffle_buffer) if loader.shuffle else None
     lines = [
-        f"{_label(src)} ({describe(src, split=split, rows=loader.rows_of(i))})"
+        f"{_label(src)} ({describe(src, split=split, rows=loader.rows_of(i), shuffle=order)})"
         for i, src in enumerate(loader.sources)
     ]
     if len(specs) == 1:

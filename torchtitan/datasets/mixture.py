@@ -185,8 +185,10 @@ def _tokenize_all(source: Source, tokenizer: Tokenizer) -> InMemoryDocs:
     return InMemoryDocs(docs, label=source.label)
 
 
-def describe(source: Source | TokenWindows, *, split: str, rows: int | None) -> str:
-    """What the start-up line says of one source."""
+def describe(
+    source: Source | TokenWindows, *, split: str, rows: int | None, shuffle: tuple[int, int] | None
+) -> str:
+    """What the start-up line says of one source (``shuffle``: (seed, buffer size) or None)."""
     if isinstance(source, TokenWindows):
         order = f"shuffled with seed {source.seed}" if source.shuffle else "in stored order"
         if isinstance(source.store, IndexedCorpus):
@@ -200,4 +202,10 @@ def describe(source: Source | TokenWindows, *, split: str, rows: int | None) -> 
             f"{source.per_epoch:,} windows per epoch, {order}"
         )
     kind = "streamed" if rows is None else f"{rows:,} rows on this rank"
-    return f"split {split}, text field '{source.text_field}', {kind}"
+    if shuffle is None or (rows is None and shuffle[1] == 0):
+        order = "in stored order"
+    elif rows is None:
+        order = f"shuffle buffer of {shuffle[1]} documents per shard, seed {shuffle[0]}"
+    else:
+        order = f"each epoch shuffled with seed {shuffle[0]}"
+    return f"split {split}, text field '{source.text_field}', {kind}, {order}"
