@@ -247,3 +247,16 @@ def test_metrics_show_each_sources_share(caplog):
         m.log(1, 2.0, 1.0, 1e-3)
     assert sink.values["data/tokens/web"] == 7e6 and sink.values["data/tokens/code"] == 3e6
     assert "data: web 70.0% (7.0M tokens)  code 30.0% (3.0M tokens)" in caplog.text
+
+
+def test_a_validation_mixture_is_one_pass_that_rewinds(three_sources):
+    """Non-infinite (validation): the pass ends when a source runs out, the next one is the same."""
+    ld = build_hf_dataloader(
+        dataset="python_docs", dataset_path=None, tokenizer=TOK, local_batch_size=4,
+        global_batch_size=8, seq_len=12, dp_rank=0, dp_world_size=2, datasets=three_sources,
+        infinite=False, split="train", section="validation",
+    )  # fmt: skip
+    first = [x for x, _ in ld]
+    second = [x for x, _ in ld]
+    assert 0 < len(first) < 1000 and len(first) == len(second)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
