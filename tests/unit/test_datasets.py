@@ -710,6 +710,17 @@ def test_an_empty_dataset_is_one_line(tmp_path):
         build(path)
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_empty_parquet_and_saved_datasets_are_one_line(tmp_path, streaming):
+    datasets.Dataset.from_dict({"text": []}).to_parquet(str(tmp_path / "e.parquet"))
+    # map-style: loading says so; streamed: the first read finds no rows
+    with pytest.raises(DataError, match=r"cannot read .*e\.parquet|e\.parquet.* has no rows"):
+        next(iter(build(tmp_path / "e.parquet", streaming=streaming)))
+    datasets.Dataset.from_dict({"text": []}).save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(DataError, match=r"cannot load saved dataset .*saved.*is it empty"):
+        build(tmp_path / "saved", streaming=streaming)
+
+
 def test_streamed_data_with_fewer_rows_than_shards(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(3))
     with pytest.raises(DataError, match=r"virtual shard 3 \(of 4\) has no rows.*global_batch_size"):

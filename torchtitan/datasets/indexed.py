@@ -104,11 +104,20 @@ class IndexedWriter:
         self.tokens = 0
 
     def add(self, tokens: Sequence[int] | np.ndarray) -> None:
+        """Append one document."""
         arr = np.asarray(tokens)
+        self.add_many(arr, [arr.size])
+
+    def add_many(self, tokens: np.ndarray, lengths: Sequence[int] | np.ndarray) -> None:
+        """Append several documents at once: ``tokens`` back to back, ``lengths`` each."""
+        arr = np.asarray(tokens)
+        sizes = [int(n) for n in lengths]
+        if sum(sizes) != arr.size:
+            raise ValueError(f"lengths add up to {sum(sizes)}, but {arr.size} tokens were given")
         if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(self.dtype).max):
             raise ValueError(f"token ids {arr.min()}..{arr.max()} do not fit {self.dtype}")
         self._bin.write(arr.astype(self.dtype.newbyteorder("<"), copy=False).tobytes())
-        self.lengths.append(int(arr.size))
+        self.lengths.extend(sizes)
         self.tokens += int(arr.size)
 
     def close(self) -> None:

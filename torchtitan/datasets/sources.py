@@ -174,7 +174,13 @@ def _load_local(
     if path.is_dir() and _is_saved_dataset(path):
         from datasets import DatasetDict, load_from_disk
 
-        ds = load_from_disk(str(path))
+        try:
+            ds = load_from_disk(str(path))
+        except (IndexError, ValueError, OSError) as e:  # an empty or damaged save
+            raise DataError(
+                f"{section}.dataset_path: cannot load saved dataset '{path}' "
+                f"({type(e).__name__}: {str(e)[:200] or 'it holds no data files'}); is it empty?"
+            ) from None
         if isinstance(ds, DatasetDict):
             if split not in ds:
                 raise ConfigError(
@@ -182,6 +188,8 @@ def _load_local(
                     f"valid splits: {', '.join(ds)}"
                 )
             ds = ds[split]
+        if len(ds) == 0:
+            raise DataError(f"dataset '{path}' is empty: the saved dataset has no rows")
         if streaming:
             # One shard per virtual shard lets split_dataset_by_node hand out whole shards.
             ds = ds.to_iterable_dataset(num_shards=max(1, min(num_shards, len(ds))))
@@ -196,6 +204,8 @@ def _load_local(
                 f"supported: {_SUPPORTED}"
             )
         files = [str(path)]
+    from datasets.exceptions import DatasetGenerationError
+
     if all(os.path.getsize(f) == 0 for f in files):
         raise DataError(f"dataset '{path}' is empty: its data files hold no bytes")
     extra = {"sample_by": "document"} if kind == "text" else {}
@@ -203,7 +213,7 @@ def _load_local(
         return load_dataset(
             kind, data_files={split: files}, split=split, streaming=streaming, **extra
         )
-    except (StopIteration, ValueError, OSError) as e:  # what the builders raise on a bad file
+    except (StopIteration, ValueError, OSError, DatasetGenerationError) as e:  # a bad file
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise DataError(
             f"{section}.dataset_path: the '{kind}' reader of the datasets library cannot read "
