@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from torchtitan.errors import DataError
+from torchtitan.log import logger
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
@@ -331,17 +332,24 @@ def open_corpus(
         raise DataError(f"{section}.dataset_path: '{path}' holds no .bin/.idx corpus")
     folder = Path(path) if Path(path).is_dir() else Path(prefixes[0]).parent
     manifest = read_manifest(folder)
+    if manifest is None:
+        logger.info(
+            f"{section}.dataset_path: corpus '{path}' has no {MANIFEST} (written elsewhere, e.g. "
+            "by Megatron-LM): its tokenizer cannot be checked; token ids are checked against the "
+            "vocabulary as they are read"
+        )
     if manifest is not None and tokenizer is not None:
         wrote, job = manifest.tokenizer, tokenizer
+        short = lambda k, v: str(v)[:12] if k == "sha256" else v  # noqa: E731
         differs = [
-            f"{k} {wrote.get(k)} vs {job.get(k)}"
+            f"{k} {short(k, wrote.get(k))} vs {short(k, job.get(k))}"
             for k in ("sha256", "vocab_size", "bos_id", "eos_id")
             if k in wrote and wrote.get(k) != job.get(k)
         ]
         if differs:
             raise DataError(
                 f"{section}.dataset_path: corpus '{path}' was tokenized with {wrote.get('file')} "
-                f"({'; '.join(differs)[:200]}), not with this job's tokenizer {job.get('file')}; "
+                f"({'; '.join(differs)}), not with this job's tokenizer {job.get('file')}; "
                 "tokenize it again with scripts/tokenize_dataset.py or set model.tokenizer_path "
                 "to the corpus's tokenizer"
             )
