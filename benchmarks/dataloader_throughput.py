@@ -27,6 +27,7 @@ setting; it is cached, so only the first run pays for training (about a minute).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -452,7 +453,8 @@ def _pretokenized(args, tokenizer_path: str) -> str:
     key = hashlib.sha256(" ".join(train).encode()).hexdigest()[:12]
     out = default_cache_dir() / "bench_pretokenized" / key
     tokenize = _load_tokenize_script()
-    tokenize.main([*train, "--output", str(out), "--workers", str(os.cpu_count() or 1)])
+    with contextlib.redirect_stdout(sys.stderr):  # its summary line; stdout is the table / JSON
+        tokenize.main([*train, "--output", str(out), "--workers", str(os.cpu_count() or 1)])
     return str(out)
 
 

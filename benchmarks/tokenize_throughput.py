@@ -21,6 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -46,9 +47,9 @@ def _train_args(args) -> list[str]:
     out = ["--training.dataset", args.dataset]
     if args.dataset_path:
         out += ["--training.dataset_path", args.dataset_path]
-    if args.tokenizer:
-        out += ["--model.tokenizer_path", args.tokenizer]
-    return out
+    # the config's tokenizer path is relative to the repository; a given one to the caller
+    tokenizer = args.tokenizer or str(ROOT / "tests" / "assets" / "tokenizer" / "tiktoken.model")
+    return out + ["--model.tokenizer_path", tokenizer]
 
 
 def baseline(args) -> dict:
@@ -81,7 +82,8 @@ def ours(args, workers: int, folder: str) -> dict:
     script = _script()
     out = os.path.join(folder, f"w{workers}")
     start = time.perf_counter()
-    script.main([*_train_args(args), "--output", out, "--workers", str(workers)])
+    with contextlib.redirect_stdout(sys.stderr):  # its summary line; stdout is the table / JSON
+        script.main([*_train_args(args), "--output", out, "--workers", str(workers)])
     seconds = time.perf_counter() - start
     manifest = json.loads(Path(out, "manifest.json").read_text())
     return {"method": "scripts/tokenize_dataset.py", "workers": workers,
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="python_docs")
     p.add_argument("--dataset-path", default=None)
-    p.add_argument("--tokenizer", default=None, help="default: the debug config's")
+    p.add_argument("--tokenizer", default=None, help="default: the test tokenizer")
     p.add_argument("--workers", default="1,2", help="comma list of --workers values to time")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
