@@ -452,21 +452,13 @@ def _pretokenized(args, tokenizer_path: str) -> str:
     train = _training_args(args) + ["--model.tokenizer_path", tokenizer_path]
     key = hashlib.sha256(" ".join(train).encode()).hexdigest()[:12]
     out = default_cache_dir() / "bench_pretokenized" / key
-    tokenize = _load_tokenize_script()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from tokenize_throughput import load_tokenize_script
+
+    tokenize = load_tokenize_script()
     with contextlib.redirect_stdout(sys.stderr):  # its summary line; stdout is the table / JSON
         tokenize.main([*train, "--output", str(out), "--workers", str(os.cpu_count() or 1)])
     return str(out)
-
-
-def _load_tokenize_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "tokenize_dataset", ROOT / "scripts" / "tokenize_dataset.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _script():
+def load_tokenize_script():
+    """``scripts/tokenize_dataset.py`` as a module (its ``main(argv)`` runs the script)."""
     spec = importlib.util.spec_from_file_location(
         "tokenize_dataset", ROOT / "scripts" / "tokenize_dataset.py"
     )
@@ -79,7 +80,7 @@ def baseline(args) -> dict:
 
 
 def ours(args, workers: int, folder: str) -> dict:
-    script = _script()
+    script = load_tokenize_script()
     out = os.path.join(folder, f"w{workers}")
     start = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # its summary line; stdout is the table / JSON

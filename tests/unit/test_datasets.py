@@ -13,11 +13,11 @@ import logging
 from pathlib import Path
 
 import datasets
-import huggingface_hub.constants
 import numpy as np
 import pytest
 import torch
 from datasets.distributed import split_dataset_by_node
+from offline_data import use_offline_caches
 from repo_paths import TIKTOKEN_PATH as TOKENIZER_ASSET
 
 from torchtitan.datasets import build_hf_dataloader, sources
@@ -53,12 +53,7 @@ def torchtitan_cache(tmp_path_factory) -> Path:
 def offline_tmp_caches(tmp_path_factory, torchtitan_cache, monkeypatch):
     """No Hub access, and no writes to the user's caches."""
     hf_cache = tmp_path_factory.mktemp("hf_datasets_cache")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_cache))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_cache)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("TORCHTITAN_CACHE", str(torchtitan_cache))
+    use_offline_caches(monkeypatch, hf_cache, torchtitan_cache)
 
 
 # ---- helpers

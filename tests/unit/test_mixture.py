@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import datasets
-import huggingface_hub.constants
 import numpy as np
 import pytest
 import torch
+from offline_data import use_offline_caches
 
 from torchtitan.config_manager import parse_args
 from torchtitan.datasets import build_hf_dataloader
@@ -23,11 +22,9 @@ from torchtitan.metrics import MetricsProcessor
 
 @pytest.fixture(autouse=True)
 def offline_tmp_caches(tmp_path_factory, monkeypatch):
+    """No Hub access, and no writes to the user's caches."""
     hf_cache = tmp_path_factory.mktemp("hf_datasets_cache")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_cache))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_cache)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    use_offline_caches(monkeypatch, hf_cache)
 
 
 class ByteTokenizer:

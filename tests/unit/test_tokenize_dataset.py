@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import datasets
-import huggingface_hub.constants
 import numpy as np
 import pytest
+from offline_data import use_offline_caches
 from repo_paths import DEBUG_TOML, ROOT, TOKENIZER, load_script
 
 from torchtitan.datasets.indexed import open_corpus, read_manifest
@@ -32,12 +32,7 @@ TOK = build_tokenizer(TOKENIZER)
 def offline_tmp_caches(tmp_path_factory, monkeypatch):
     """No Hub access, and no writes to the user's caches."""
     hf_cache = tmp_path_factory.mktemp("hf_datasets_cache")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_cache))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_cache)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("TORCHTITAN_CACHE", str(tmp_path_factory.mktemp("torchtitan_cache")))
+    use_offline_caches(monkeypatch, hf_cache, tmp_path_factory.mktemp("torchtitan_cache"))
 
 
 def make_texts(n: int) -> list[str]:
