@@ -188,7 +188,7 @@ class Training:
     )
     shuffle: bool = opt(
         True,
-        "Read each epoch of map-style and pretokenized data in a seeded permutation of its documents (a new one every epoch), streamed data through a shuffle buffer; false = stored order",
+        "Read each epoch of map-style and pretokenized data in a seeded permutation of its documents (a new one every epoch), streamed data with its files reordered and through a shuffle buffer; false = stored order",
     )
     shuffle_buffer: int = opt(
         100,

@@ -775,3 +775,34 @@ def test_shuffled_stream_reads_every_document_once_per_epoch(tmp_path):
     assert len(docs) >= 29 and len(set(docs)) == len(docs) and set(docs) <= set(texts)
     assert docs != texts[: len(docs)]  # shuffled
     assert first_epoch() == docs  # the same seed gives the same order
+
+
+def _files(folder: Path, n_files: int, rows: int) -> Path:
+    folder.mkdir()
+    for f in range(n_files):
+        write_jsonl(
+            folder / f"part{f}.jsonl", [f"file {f} row {r} " + "x" * (r % 4) for r in range(rows)]
+        )
+    return folder
+
+
+@pytest.mark.parametrize("k", [0, 4, 9, 15])
+def test_streamed_files_are_reshuffled_every_epoch_and_resume_exactly(tmp_path, k):
+    """4 files, 2 virtual shards: each shard reads its 2 whole files in a new order each epoch."""
+    folder = _files(tmp_path / "d", 4, 3)
+
+    def make():
+        return build(folder, streaming=True, local_batch_size=2, seq_len=7, shuffle=True, seed=1,
+                     shuffle_buffer=0)  # fmt: skip
+
+    _check_resume(make, k, m=8)
+    shard0 = column_streams(take(iter(make()), 40))[0]  # shard 0 holds files 0 and 2
+    docs, cur = [], []
+    for t in shard0:
+        cur.append(t)
+        if t == TOK.eos_id:
+            docs.append(TOK.decode(cur))
+            cur = []
+    firsts = [int(d.split()[1]) for d in docs if d.split()[2:4] == ["row", "0"]]
+    epochs = [tuple(firsts[i : i + 2]) for i in range(0, 6, 2)]
+    assert all(sorted(e) == [0, 2] for e in epochs) and len(set(epochs)) == 2, epochs

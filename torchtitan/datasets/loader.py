@@ -136,6 +136,11 @@ class HFDataLoader:
                 f"{self.virtual_shards} virtual shards (one per sequence of the global batch); use "
                 f"a larger dataset or a smaller {self.section}.global_batch_size"
             )
+        # Streamed data split by whole files (datasets' shards) can read them in a new order each
+        # epoch; split by rows (every V-th row of every file) it cannot without moving rows.
+        whole_files = streaming and (
+            self.virtual_shards == 1 or ds.num_shards % self.virtual_shards == 0
+        )
         perms = None
         if self.shuffle and not streaming:  # each epoch's permutation of all rows, sliced by shard
             perms = ShardPermutations(len(ds), self.seed, self.virtual_shards)
@@ -146,8 +151,9 @@ class HFDataLoader:
                 else split_dataset_by_node(ds, rank=v, world_size=self.virtual_shards),
                 permutations=perms,
                 stream_shuffle=(self.shuffle_buffer, self.seed)
-                if streaming and self.shuffle and self.shuffle_buffer > 0
+                if streaming and self.shuffle
                 else None,
+                shuffle_files=whole_files,
                 index=v,
                 virtual_shards=self.virtual_shards,
                 tokenizer=self.tokenizer,

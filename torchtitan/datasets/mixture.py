@@ -202,10 +202,13 @@ def describe(
             f"{source.per_epoch:,} windows per epoch, {order}"
         )
     kind = "streamed" if rows is None else f"{rows:,} rows on this rank"
-    if shuffle is None or (rows is None and shuffle[1] == 0):
+    if shuffle is None:
         order = "in stored order"
     elif rows is None:
-        order = f"shuffle buffer of {shuffle[1]} documents per shard, seed {shuffle[0]}"
+        order = (
+            f"shuffled with seed {shuffle[0]}: a shard's whole files in a new order each epoch, "
+            f"documents through a buffer of {shuffle[1]}"
+        )
     else:
         order = f"each epoch shuffled with seed {shuffle[0]}"
     return f"split {split}, text field '{source.text_field}', {kind}, {order}"

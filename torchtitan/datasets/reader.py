@@ -75,6 +75,7 @@ class ShardReader:
         first_on_rank: bool,
         permutations: ShardPermutations | None = None,
         stream_shuffle: tuple[int, int] | None = None,
+        shuffle_files: bool = False,
     ) -> None:
         self.index = index
         self.virtual_shards = virtual_shards
@@ -90,6 +91,9 @@ class ShardReader:
         self._perms = permutations
         # Shuffled streamed data: (buffer size, seed) of a shuffle buffer over the stream.
         self._shuffle = None if stream_shuffle is None else ShuffleBuffer(*stream_shuffle, index)
+        # ... and each epoch reads this shard's files in a new order (when it holds whole files)
+        self._shuffle_files = shuffle_files and self._shuffle is not None
+        self._stream: Any = None  # this epoch's stream of the shard (its files in their order)
         if permutations is not None:
             start, stop = permutations.bounds(index)
             self._len = stop - start
@@ -157,10 +161,11 @@ class ShardReader:
         return self._map_style_texts()
 
     def _streamed_texts(self) -> Iterator[str]:
-        ds = self._ds
-        # Each pass has its own epoch number, so a loaded start state applies to its pass only
-        # (datasets re-applies it to every pass with the same epoch).
-        ds.set_epoch(self.epoch)
+        ds = self._stream = self._epoch_stream()
+        if ds is self._ds:
+            # Each pass has its own epoch number, so a loaded start state applies to its pass
+            # only (datasets re-applies it to every pass with the same epoch).
+            ds.set_epoch(self.epoch)
         shuffle = self._shuffle
         if self._pending_hf_state is not None:
             ds.load_state_dict(self._pending_hf_state)
@@ -179,6 +184,20 @@ class ShardReader:
         while shuffle is not None and shuffle.docs:  # the stream is done: empty the buffer
             self.row += 1
             yield shuffle.pop()
+
+    def _epoch_stream(self) -> Any:
+        """The shard's stream for this epoch: with file shuffling, its files (``datasets``
+        shards) concatenated in an order seeded by (seed, shard, epoch)."""
+        n = getattr(self._ds, "num_shards", 1)
+        if not self._shuffle_files or n < 2:
+            return self._ds
+        from datasets import concatenate_datasets
+
+        assert self._shuffle is not None
+        order = np.random.default_rng([self._shuffle.seed, self.index, self.epoch, 1]).permutation(
+            n
+        )
+        return concatenate_datasets([self._ds.shard(num_shards=n, index=int(i)) for i in order])
 
     def _next_text(self) -> str | list[int] | None:
         """The next document of this pass, or None at the end of the pass."""
@@ -250,7 +269,7 @@ class ShardReader:
     def state(self) -> bytes:
         hf_state = None
         if self.streaming and self.row > 0:
-            hf_state = self._pending_hf_state or self._ds.state_dict()
+            hf_state = self._pending_hf_state or self._stream.state_dict()
         state = {
             "version": STATE_VERSION,
             "dataset": self.label,
@@ -267,7 +286,8 @@ class ShardReader:
 
     def _order_name(self) -> str:
         if self._shuffle is not None:
-            return f"buffer-shuffled ({self._shuffle.size} documents), seed {self._shuffle.seed}"
+            files = ", files reshuffled every epoch" if self._shuffle_files else ""
+            return f"buffer-shuffled ({self._shuffle.size} documents{files}), seed {self._shuffle.seed}"
         return "stored" if self._perms is None else f"shuffled, seed {self._perms.seed}"
 
     def load(self, blob: bytes) -> None:
@@ -335,6 +355,8 @@ class ShuffleBuffer:
         self.rng = np.random.default_rng([self.seed, self.shard, epoch])
 
     def push(self, doc: str) -> str | None:
+        if self.size == 0:
+            return doc
         if len(self.docs) < self.size:
             self.docs.append(doc)
             return None
