@@ -806,3 +806,32 @@ def test_streamed_files_are_reshuffled_every_epoch_and_resume_exactly(tmp_path, 
     firsts = [int(d.split()[1]) for d in docs if d.split()[2:4] == ["row", "0"]]
     epochs = [tuple(firsts[i : i + 2]) for i in range(0, 6, 2)]
     assert all(sorted(e) == [0, 2] for e in epochs) and len(set(epochs)) == 2, epochs
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_resume_inside_a_step(tmp_path, streaming, shuffle):
+    """Saved between the two accumulation microbatches of a step, resumed on the same layout."""
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(40))
+
+    def make():
+        return build(path, streaming=streaming, local_batch_size=2, global_batch_size=4,
+                     shuffle=shuffle, seed=3, shuffle_buffer=2)  # fmt: skip
+
+    reference = take(iter(make()), 9)
+    first = make()
+    take(iter(first), 5)  # two steps and one microbatch of the third
+    resumed = make()
+    resumed.load_state_dict(roundtrip(first.state_dict()))
+    assert_same_batches(take(iter(resumed), 4), reference[5:])
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_every_pass_of_a_shuffled_validation_loader_is_the_same(tmp_path, streaming):
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(9))
+    ld = build(path, streaming=streaming, local_batch_size=1, infinite=False, shuffle=True, seed=3,
+               shuffle_buffer=3)  # fmt: skip
+    passes = [[x for x, _ in ld] for _ in range(3)]
+    assert len(passes[0]) > 3
+    for other in passes[1:]:
+        assert_same_batches([(x, x) for x in other], [(x, x) for x in passes[0]])

@@ -212,7 +212,10 @@ def test_entries_from_toml_json_and_pairs(tmp_path, three_sources):
             r"datasets\[0\]: unknown key\(s\) \['wieght'\]",
         ),
         ([{"dataset": "python_docs", "path": "x"}], "exactly one of 'dataset'"),
-        ([{"path": "/no/such/file.jsonl"}], "dataset_path: '/no/such/file.jsonl' does not exist"),
+        (
+            [{"path": "/no/such/file.jsonl"}],
+            r"datasets\[0\].path: '/no/such/file.jsonl' does not exist",
+        ),
         (
             [{"dataset": "python_docs"}, {"dataset": "python_docs"}],
             "two entries are named 'python_docs'",
@@ -257,3 +260,19 @@ def test_a_validation_mixture_is_one_pass_that_rewinds(three_sources):
     second = [x for x, _ in ld]
     assert 0 < len(first) < 1000 and len(first) == len(second)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_a_state_saved_inside_a_step_resumes_only_on_its_layout(three_sources):
+    first = mixed(three_sources, dp=2, rank=0, local=2)
+    it = iter(first)
+    for _ in range(3):  # one step (2 microbatches) and one microbatch of the next
+        next(it)
+    state = first.state_dict()
+    expected = [next(it)[0] for _ in range(3)]
+    same = mixed(three_sources, dp=2, rank=0, local=2)
+    same.load_state_dict(state)
+    got = iter(same)
+    assert all(torch.equal(next(got)[0], e) for e in expected)
+    other = mixed(three_sources, dp=2, rank=0, local=4)
+    with pytest.raises(ConfigError, match=r"saved after 1 microbatch\(es\) of a step .*\[2, 2\]"):
+        other.load_state_dict(state)

@@ -139,8 +139,8 @@ class IndexedWriter:
 class IndexedFile:
     """One ``PREFIX.bin`` / ``PREFIX.idx`` pair, memory-mapped and checked on opening.
 
-    ``doc_lengths[d]`` is document ``d``'s token count and ``doc_starts[d]`` its first token's
-    position in ``tokens`` (the whole ``.bin`` as a read-only array).
+    ``tokens`` is the whole ``.bin`` as a read-only array; ``doc_start(d)`` is document ``d``'s
+    first token's position in it and ``doc_lengths`` every document's token count.
     """
 
     def __init__(self, prefix: str | os.PathLike) -> None:
@@ -178,10 +178,9 @@ class IndexedFile:
                 f"({expected // self.dtype.itemsize:,} {self.dtype} tokens): the .bin is {short}, "
                 "or the .idx belongs to another corpus; copy or write the pair again"
             )
-        seq_starts = pointers // self.dtype.itemsize
-        ends = np.concatenate([seq_starts, [expected // self.dtype.itemsize]])
-        self.doc_starts = ends[doc_idx[:-1]]
-        self.doc_lengths = ends[doc_idx[1:]] - ends[doc_idx[:-1]]
+        # Memory-mapped views only: a document's start is read from the index when needed.
+        self._pointers, self._doc_idx = pointers, doc_idx
+        self.num_tokens = expected // self.dtype.itemsize
         self.tokens = (
             np.memmap(bin_, dtype=self.dtype.newbyteorder("<"), mode="r")
             if expected
@@ -218,11 +217,23 @@ class IndexedFile:
             )
 
     def __len__(self) -> int:
-        return len(self.doc_lengths)
+        return len(self._doc_idx) - 1
+
+    def doc_start(self, d: int) -> int:
+        """Document ``d``'s first token's position in ``tokens`` (``d == len(self)``: the end)."""
+        seq = int(self._doc_idx[d])
+        if seq == len(self._pointers):
+            return self.num_tokens
+        return int(self._pointers[seq]) // self.dtype.itemsize
+
+    @property
+    def doc_lengths(self) -> np.ndarray:
+        """Each document's token count (computed from the index: one array, 8 bytes each)."""
+        starts = np.append(self._pointers // self.dtype.itemsize, self.num_tokens)
+        return np.diff(starts[self._doc_idx])
 
     def document(self, d: int) -> np.ndarray:
-        start = int(self.doc_starts[d])
-        return self.tokens[start : start + int(self.doc_lengths[d])]
+        return self.tokens[self.doc_start(d) : self.doc_start(d + 1)]
 
 
 @dataclass(frozen=True)
@@ -297,15 +308,17 @@ class IndexedCorpus:
             )
         counts = np.array([len(f) for f in self.files], dtype=np.int64)
         self._file_start = np.concatenate([[0], np.cumsum(counts)])
-        self.doc_lengths = (
-            np.concatenate([f.doc_lengths for f in self.files]).astype(np.int64)
-            if self.files
-            else np.zeros(0, np.int64)
+        # 4 bytes a document while every document is shorter than 2**31 tokens
+        lengths = [f.doc_lengths for f in self.files]
+        longest = max((int(x.max()) for x in lengths if x.size), default=0)
+        dtype = np.int32 if longest < 2**31 else np.int64
+        self.doc_lengths = np.concatenate(
+            [x.astype(dtype) for x in lengths] or [np.zeros(0, dtype)]
         )
 
     @property
     def num_tokens(self) -> int:
-        return int(self.doc_lengths.sum())
+        return int(self.doc_lengths.sum(dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.doc_lengths)
@@ -318,7 +331,7 @@ class IndexedCorpus:
     def read(self, d: int, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` of document ``d``."""
         file, local = self.locate(d)
-        begin = int(file.doc_starts[local])
+        begin = file.doc_start(local)
         return file.tokens[begin + start : begin + stop]
 
 

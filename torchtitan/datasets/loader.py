@@ -235,6 +235,7 @@ class HFDataLoader:
         if self._saves_blend:
             blend = json.loads(self.blend.state() if self._next_group == 0 else self._step_start)
             blend["next_group"] = self._next_group
+            blend["layout"] = [self.local_batch_size, self.dp_world_size]
             state["blend"] = json.dumps(blend, separators=(",", ":")).encode()
         text = [i for i, s in enumerate(self.sources) if isinstance(s, Source)]
         for j, v in enumerate(self.shards):
@@ -294,6 +295,8 @@ class HFDataLoader:
             n = self.local_batch_size
             counts = [self._readers[g * n][0].windows for g in range(len(self.shards) // n)]  # type: ignore[union-attr]
             self._next_group = next((g for g, c in enumerate(counts) if c < counts[0]), 0)
+            if self._next_group:  # inside a step: its plan (one source: every row reads it)
+                self._plan = self.blend.take(self.virtual_shards)
 
     def _load_blend(self, state_dict: dict[str, Any]) -> None:
         if not self._saves_blend:
@@ -306,8 +309,18 @@ class HFDataLoader:
                 "checkpoint.exclude_from_loading = ['dataloader']"
             )
         blob = state_dict["blend"]
+        saved = json.loads(blob)
+        next_group = int(saved.get("next_group", 0))
+        layout = [self.local_batch_size, self.dp_world_size]
+        if next_group and (saved.get("layout") != layout or saved["weights"] != self.blend.weights):
+            raise ConfigError(
+                f"data loader checkpoint: saved after {next_group} microbatch(es) of a step by a "
+                f"run with local batch x data-parallel degree {saved.get('layout')} and weights "
+                f"{saved['weights']}; a resume inside a step needs the same layout and weights "
+                f"({layout}, {self.blend.weights}); resume from a checkpoint at a step's end"
+            )
         self.blend.load(blob, section=self.section, warn=self.dp_rank == 0)
-        self._next_group = int(json.loads(blob).get("next_group", 0))
+        self._next_group = next_group
         self._step_start = self.blend.state()
         if self._next_group:  # saved inside a step: take its plan again
             self._plan = self.blend.take(self.virtual_shards)

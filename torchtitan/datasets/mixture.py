@@ -117,7 +117,7 @@ def _spec(entry: dict[str, Any], i: int, section: str) -> SourceSpec:
         raise ConfigError(f"{key}.weight: {weight} is negative; weights are shares >= 0")
     path = entry.get("path")
     dataset = entry.get("dataset", "python_docs")
-    check_dataset_config(dataset, path, section=section)
+    check_dataset_config(dataset, path, section=section, entry=key)
     name = entry.get("name") or (Path(path).name or path if path else dataset)
     return SourceSpec(
         name=str(name), dataset=dataset, path=path, weight=float(weight),

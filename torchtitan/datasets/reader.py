@@ -125,7 +125,8 @@ class ShardReader:
         else:
             shown = repr(value)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            problem = f"field '{field}' holds {type(value).__name__} {shown}, not a string"
+            want = "a string (or a list of integer token ids)"
+            problem = f"field '{field}' holds {type(value).__name__} {shown}, not {want}"
         return DataError(
             f"dataset '{self.label}': row {index} of virtual shard {self.index} "
             f"(of {self.virtual_shards}) {problem}; the row has fields {fields}; set "
@@ -237,7 +238,7 @@ class ShardReader:
         bad = [i for i in ids if not isinstance(i, int) or i < 0 or (vocab and i >= vocab)]
         if bad:
             raise DataError(
-                f"dataset '{self.label}': token id {bad[0]!r} in row {self.row} of virtual shard "
+                f"dataset '{self.label}': token id {bad[0]!r} in row {self.row - 1} of virtual shard "
                 f"{self.index} is outside the tokenizer's vocabulary [0, {vocab}); the data was "
                 "tokenized with another tokenizer, or model.tokenizer_path is wrong"
             )
@@ -263,6 +264,8 @@ class ShardReader:
         self._pending_hf_state = None
         self.row = 0
         self.buffer = []
+        self.epoch = 0  # every pass of a non-infinite loader is the same (and equally shuffled)
+        self.windows = 0
 
     # ---- state
 

@@ -245,8 +245,18 @@ def _load_hub(
         ) from e
 
 
-def check_dataset_config(dataset: str, dataset_path: str | None, section: str = "training") -> None:
-    """The source checks that need no loading (run before any process starts)."""
+def check_dataset_config(
+    dataset: str, dataset_path: str | None, section: str = "training", entry: str | None = None
+) -> None:
+    """The source checks that need no loading (run before any process starts). ``entry`` names a
+    mixture entry (``training.datasets[1]``) whose ``dataset`` / ``path`` keys messages name."""
+    if entry is not None:
+        try:
+            check_dataset_config(dataset, dataset_path, section)
+        except ConfigError as e:
+            text = str(e).replace(f"{section}.dataset_path:", f"{entry}.path:")
+            raise ConfigError(text.replace(f"{section}.dataset:", f"{entry}.dataset:")) from None
+        return
     if dataset_path is None and dataset in UPSTREAM_DATASETS:
         raise ConfigError(
             f"{section}.dataset: '{dataset}' is {UPSTREAM_DATASETS[dataset]}; use python_docs for "

@@ -116,8 +116,8 @@ class TokenWindows:
         self.shuffle = shuffle
         self.vocab_size = vocab_size
         self.log_epochs = log_epochs
-        lengths = np.asarray(store.doc_lengths, dtype=np.int64)
-        self.num_tokens = int(lengths.sum())
+        lengths = np.asarray(store.doc_lengths)  # kept as given (int32 for a large corpus)
+        self.num_tokens = int(lengths.sum(dtype=np.int64))
         if len(lengths) == 0:
             raise DataError(f"dataset '{store.label}' is empty: it has no documents")
         if self.num_tokens < window:
@@ -142,7 +142,7 @@ class TokenWindows:
         if cached is None:
             order = self.order(epoch)
             lengths = self._lengths if order is None else self._lengths[order]
-            cached = (order, np.cumsum(lengths))
+            cached = (order, np.cumsum(lengths, dtype=np.int64))
             if len(self._epochs) >= 2:  # the epoch being read and its successor suffice
                 self._epochs.pop(min(self._epochs))
             self._epochs[epoch] = cached
