@@ -21,7 +21,7 @@ from torchtitan.datasets.indexed import (
     token_dtype,
     write_manifest,
 )
-from torchtitan.datasets.token_windows import TokenWindows
+from torchtitan.datasets.token_windows import InMemoryDocs, TokenWindows
 from torchtitan.errors import ConfigError, DataError
 
 VOCAB = 300
@@ -156,14 +156,8 @@ def test_missing_half_of_the_pair(tmp_path):
 # ---- the window stream
 
 
-class Store:
-    def __init__(self, docs: list[np.ndarray]) -> None:
-        self.label = "store"
-        self.docs = docs
-        self.doc_lengths = np.array([len(d) for d in docs], dtype=np.int64)
-
-    def read(self, d: int, start: int, stop: int) -> np.ndarray:
-        return self.docs[d][start:stop]
+def Store(docs: list[np.ndarray]) -> InMemoryDocs:  # noqa: N802
+    return InMemoryDocs(docs, label="store")
 
 
 def test_windows_cut_each_epochs_concatenation():

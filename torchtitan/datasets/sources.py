@@ -250,31 +250,24 @@ def check_dataset_config(
 ) -> None:
     """The source checks that need no loading (run before any process starts). ``entry`` names a
     mixture entry (``training.datasets[1]``) whose ``dataset`` / ``path`` keys messages name."""
-    if entry is not None:
-        try:
-            check_dataset_config(dataset, dataset_path, section)
-        except ConfigError as e:
-            text = str(e).replace(f"{section}.dataset_path:", f"{entry}.path:")
-            raise ConfigError(text.replace(f"{section}.dataset:", f"{entry}.dataset:")) from None
-        return
+    name_key = f"{entry}.dataset" if entry else f"{section}.dataset"
+    path_key = f"{entry}.path" if entry else f"{section}.dataset_path"
     if dataset_path is None and dataset in UPSTREAM_DATASETS:
         raise ConfigError(
-            f"{section}.dataset: '{dataset}' is {UPSTREAM_DATASETS[dataset]}; use python_docs for "
-            f"an offline debug run, c4 for C4, or point {section}.dataset_path at a local copy "
+            f"{name_key}: '{dataset}' is {UPSTREAM_DATASETS[dataset]}; use python_docs for "
+            f"an offline debug run, c4 for C4, or point {path_key} at a local copy "
             "(json, jsonl, parquet, txt) or a Hub id"
         )
     if dataset_path is None and dataset not in DATASETS:
         raise ConfigError(
-            f"{section}.dataset: unknown dataset '{dataset}'; valid: "
-            f"{', '.join(sorted(DATASETS))} (or set {section}.dataset_path to {_SUPPORTED})"
+            f"{name_key}: unknown dataset '{dataset}'; valid: "
+            f"{', '.join(sorted(DATASETS))} (or set {path_key} to {_SUPPORTED})"
         )
     if dataset_path is not None:
         if indexed_prefixes(dataset_path) is not None:
             return
         if not Path(dataset_path).expanduser().exists() and not _looks_like_hub_id(dataset_path):
-            raise ConfigError(
-                f"{section}.dataset_path: '{dataset_path}' does not exist; expected {_SUPPORTED}"
-            )
+            raise ConfigError(f"{path_key}: '{dataset_path}' does not exist; expected {_SUPPORTED}")
 
 
 def _load_named(
