@@ -220,14 +220,14 @@ def measure(
     loader = dataloader_for(job_config, spec, tokenizer, dp_rank, args.dp_world_size, global_batch)
     t2 = time.perf_counter()
     it = iter(loader)
-    first_inputs, _ = next(it)
+    first_inputs = next(it).inputs  # a Batch (inputs, labels, doc_ids)
     t3 = time.perf_counter()
     times, tokens = [], 0
     last = first_inputs
     cpu0 = time.process_time()
     for _ in range(args.batches):
         s = time.perf_counter()
-        inputs, _labels = next(it)
+        inputs = next(it).inputs
         times.append(time.perf_counter() - s)
         tokens += inputs.numel()
         last = inputs

@@ -17,29 +17,14 @@ import numpy as np
 import pytest
 import torch
 from datasets.distributed import split_dataset_by_node
-from offline_data import use_offline_caches
+from offline_data import ByteTokenizer, use_offline_caches
 from repo_paths import TIKTOKEN_PATH as TOKENIZER_ASSET
 
 from torchtitan.datasets import build_hf_dataloader, sources
+from torchtitan.datasets.batch import Batch
 from torchtitan.datasets.sources import DATASETS
 from torchtitan.datasets.token_windows import ShardPermutations, epoch_permutation
 from torchtitan.errors import ConfigError, DataError
-
-
-class ByteTokenizer:
-    """UTF-8 bytes 0..255, BOS 256, EOS 257."""
-
-    n_words = 258
-    bos_id = 256
-    eos_id = 257
-
-    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
-        ids = list(text.encode("utf-8"))
-        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
-
-    def decode(self, ids) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
 
 TOK = ByteTokenizer()
 
@@ -98,14 +83,14 @@ def build(path, **kw):
     return build_hf_dataloader(**args)
 
 
-def take(it, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def take(it, n: int) -> list[Batch]:
     return [next(it) for _ in range(n)]
 
 
 def windows(batches) -> list[list[int]]:
     """The seq_len + 1 token windows the batches were cut from."""
     out = []
-    for inputs, labels in batches:
+    for inputs, labels, _ in batches:
         out.extend(torch.cat([inputs, labels[:, -1:]], dim=1).tolist())
     return out
 
@@ -115,9 +100,10 @@ def flat(batches) -> list[int]:
 
 
 def assert_same_batches(a, b) -> None:
+    """The same batches, every field (inputs, labels and doc_ids) equal."""
     assert len(a) == len(b)
-    for (xa, ya), (xb, yb) in zip(a, b):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    for ba, bb in zip(a, b):
+        assert len(ba) == len(bb) and all(torch.equal(x, y) for x, y in zip(ba, bb))
 
 
 def assert_covers(batches, texts: list[str], need: int) -> None:
@@ -143,7 +129,7 @@ def column_streams(batches) -> list[list[int]]:
     """Row ``j`` of every batch, concatenated: the token stream served from one shard."""
     n = batches[0][0].shape[0]
     cols: list[list[int]] = [[] for _ in range(n)]
-    for inputs, labels in batches:
+    for inputs, labels, _ in batches:
         rows = torch.cat([inputs, labels[:, -1:]], dim=1).tolist()
         for j in range(n):
             cols[j].extend(rows[j])
@@ -177,8 +163,8 @@ def test_packing_windows_labels_and_order(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", texts)
     batches = list(build(path, local_batch_size=3, seq_len=7, infinite=False))
     assert batches
-    for inputs, labels in batches:
-        assert inputs.shape == labels.shape == (3, 7)
+    for inputs, labels, doc_ids in batches:
+        assert inputs.shape == labels.shape == doc_ids.shape == (3, 7)
         assert inputs.dtype == labels.dtype == torch.long
         assert torch.equal(labels[:, :-1], inputs[:, 1:])
     assert all(len(w) == 8 for w in windows(batches))
@@ -294,7 +280,7 @@ def test_named_debug_dataset(torchtitan_cache):
     assert not loader.streaming and loader.label == "python_docs"
     assert loader.num_rows > 1000
     it = iter(loader)
-    inputs, labels = next(it)
+    inputs, labels, _ = next(it)
     assert inputs.shape == (2, 64) and torch.equal(labels[:, :-1], inputs[:, 1:])
     text = TOK.decode(flat([next(it) for _ in range(20)]))
     assert sum(c.isalpha() for c in text) > len(text) // 2  # English prose
@@ -594,7 +580,7 @@ def test_real_tokenizer_on_the_debug_corpus():
     )
     it = iter(loader)
     batches = take(it, 4)
-    for inputs, labels in batches:
+    for inputs, labels, _ in batches:
         assert inputs.shape == (2, 32) and torch.equal(labels[:, :-1], inputs[:, 1:])
         assert int(inputs.max()) < tokenizer.n_words and int(inputs.min()) >= 0
     stream = flat(batches)
@@ -831,7 +817,7 @@ def test_every_pass_of_a_shuffled_validation_loader_is_the_same(tmp_path, stream
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(9))
     ld = build(path, streaming=streaming, local_batch_size=1, infinite=False, shuffle=True, seed=3,
                shuffle_buffer=3)  # fmt: skip
-    passes = [[x for x, _ in ld] for _ in range(3)]
+    passes = [[x for x, *_ in ld] for _ in range(3)]
     assert len(passes[0]) > 3
     for other in passes[1:]:
         assert_same_batches([(x, x) for x in other], [(x, x) for x in passes[0]])

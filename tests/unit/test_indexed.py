@@ -238,8 +238,13 @@ def loader(folder: Path, *, dp: int = 1, rank: int = 0, local: int = 4, gbs: int
     )  # fmt: skip
 
 
+def rows_of(batch) -> torch.Tensor:
+    """A batch's inputs and doc_ids side by side, one row per sequence."""
+    return torch.cat([batch.inputs, batch.doc_ids.long()], 1)
+
+
 def global_steps(folder: Path, dp: int, local: int, steps: int, states=None) -> list[torch.Tensor]:
-    """Each step's global batch (inputs, rows in global order) read by ``dp`` ranks."""
+    """Each step's global batch (inputs and doc_ids, rows in global order) read by ``dp`` ranks."""
     loaders = [loader(folder, dp=dp, rank=r, local=local) for r in range(dp)]
     for ld, st in zip(loaders, states or [None] * dp, strict=True):
         if st is not None:
@@ -250,7 +255,7 @@ def global_steps(folder: Path, dp: int, local: int, steps: int, states=None) -> 
     for _ in range(steps):
         rows = []
         for it in its:
-            rows += [next(it)[0] for _ in range(accum)]
+            rows += [rows_of(next(it)) for _ in range(accum)]
         out.append(torch.cat(rows))
     return out
 
@@ -275,13 +280,13 @@ def test_exact_resume_mid_epoch_and_on_another_layout(tmp_path):
         saved.update(json.loads(json.dumps({k: v if isinstance(v, int) else v.decode()
                                            for k, v in ld.state_dict().items()})))  # fmt: skip
     saved = {k: v if isinstance(v, int) else v.encode() for k, v in saved.items()}
-    expected = [torch.cat([next(it)[0] for it in its]) for _ in range(6)]
+    expected = [torch.cat([rows_of(next(it)) for it in its]) for _ in range(6)]
     resumed = global_steps(folder, dp=4, local=2, steps=6, states=[saved] * 4)
     assert all(torch.equal(a, b) for a, b in zip(expected, resumed, strict=True))
 
 
 def test_labels_are_inputs_shifted(tmp_path):
-    inputs, labels = next(iter(loader(corpus_folder(tmp_path))))
+    inputs, labels, _ = next(iter(loader(corpus_folder(tmp_path))))
     assert inputs.shape == (4, 16) and inputs.dtype == torch.long
     assert torch.equal(inputs[:, 1:], labels[:, :-1])
 
@@ -291,7 +296,7 @@ def test_one_small_document_trains_with_a_large_global_batch(tmp_path):
     folder.mkdir()
     write_corpus(folder / "only", [np.arange(40)])  # 2 windows of 17 per epoch
     got = global_steps(folder, dp=2, local=4, steps=3)
-    assert all(b.shape == (8, 16) for b in got)
+    assert all(b.shape == (8, 32) for b in got)
 
 
 def test_corpus_written_with_another_tokenizer(tmp_path):
@@ -332,7 +337,8 @@ def test_a_dataset_of_input_ids_is_read_as_stored(tmp_path, hf_offline, streamin
         local_batch_size=1, seq_len=9, streaming=streaming,
     )  # fmt: skip
     assert isinstance(ld.sources[0], TokenWindows) != streaming  # map-style: random access
-    got = torch.cat([torch.cat([x, y[:, -1:]], 1) for (x, y), _ in zip(ld, range(12))]).flatten()
+    got = torch.cat([torch.cat([x, y[:, -1:]], 1) for (x, y, _), _ in zip(ld, range(12))])
+    got = got.flatten()
     stream = [t for d in docs for t in d]
     assert got.tolist() == stream[: len(got)]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from offline_data import use_offline_caches
+from offline_data import ByteTokenizer, use_offline_caches
 
 from torchtitan.config_manager import parse_args
 from torchtitan.datasets import build_hf_dataloader
@@ -25,14 +25,6 @@ def offline_tmp_caches(tmp_path_factory, monkeypatch):
     """No Hub access, and no writes to the user's caches."""
     hf_cache = tmp_path_factory.mktemp("hf_datasets_cache")
     use_offline_caches(monkeypatch, hf_cache)
-
-
-class ByteTokenizer:
-    n_words = 258
-    bos_id, eos_id = 256, 257
-
-    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
-        return [256] * bos + list(text.encode()) + [257] * eos
 
 
 TOK = ByteTokenizer()
@@ -131,8 +123,13 @@ def steps_of(entries, dp: int, local: int, steps: int, states=None) -> list[torc
     its = [iter(ld) for ld in loaders]
     accum = 8 // (dp * local)
     return [
-        torch.cat([next(it)[0] for it in its for _ in range(accum)]) for _ in range(steps)
+        torch.cat([rows_of(next(it)) for it in its for _ in range(accum)]) for _ in range(steps)
     ], loaders
+
+
+def rows_of(batch) -> torch.Tensor:
+    """A batch's inputs and doc_ids side by side, one row per sequence."""
+    return torch.cat([batch.inputs, batch.doc_ids.long()], 1)
 
 
 def test_mixture_is_the_same_for_every_layout(three_sources):
@@ -168,9 +165,9 @@ def test_a_token_source_in_a_mixture_reads_its_own_stream(three_sources, tmp_pat
     alone = [w for w, _ in zip(iter(only), range(4), strict=False)]
     ld = mixed(three_sources)
     sources, _ = Blend([5, 3, 2], ["web", "code", "tok"]).take(8 * 6)
-    rows = torch.cat([b[0] for b, _ in zip(iter(ld), range(6), strict=False)])
+    rows = torch.cat([rows_of(b) for b, _ in zip(iter(ld), range(6), strict=False)])
     tok_rows = rows[[k for k, s in enumerate(sources) if s == 2]]
-    assert torch.equal(tok_rows, torch.cat([x for x, _ in alone])[: len(tok_rows)])
+    assert torch.equal(tok_rows, torch.cat([rows_of(b) for b in alone])[: len(tok_rows)])
 
 
 # ---- the key
@@ -256,8 +253,8 @@ def test_a_validation_mixture_is_one_pass_that_rewinds(three_sources):
         global_batch_size=8, seq_len=12, dp_rank=0, dp_world_size=2, datasets=three_sources,
         infinite=False, split="train", section="validation",
     )  # fmt: skip
-    first = [x for x, _ in ld]
-    second = [x for x, _ in ld]
+    first = [rows_of(b) for b in ld]
+    second = [rows_of(b) for b in ld]
     assert 0 < len(first) < 1000 and len(first) == len(second)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 

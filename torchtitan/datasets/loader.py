@@ -7,7 +7,17 @@ The global stream
     :class:`~torchtitan.datasets.blend.Blend` says which source each window comes from (always
     the one source when there is no mixture). Data-parallel rank ``r`` of ``D`` serves rows
     ``[r V/D, (r+1) V/D)`` of every step, ``local_batch_size`` at a time (one batch per
-    gradient-accumulation microbatch), as two ``int64`` tensors ``[local_batch_size, seq_len]``.
+    gradient-accumulation microbatch).
+
+What is yielded
+    A :class:`~torchtitan.datasets.batch.Batch` ``(inputs, labels, doc_ids)``, each
+    ``[local_batch_size, seq_len]``: ``inputs`` and ``labels`` int64, ``doc_ids`` int32 numbering
+    the documents of each row from 0 (a new number at every input position where a document
+    starts: where an ``encode`` result, a row of token ids or a corpus document begins), for
+    block-causal attention. With ``mask_document_starts`` the label of a position whose next token
+    starts a document is ``IGNORE_INDEX`` (-100): the first token of a document is not predicted
+    from the end of the one before it. Which positions start documents is part of the loader's
+    position, so a resumed loader yields the same ``doc_ids``.
 
 Sources
     A pretokenized corpus (or a text corpus with fewer rows than ``V``, tokenized whole) is a
@@ -46,6 +56,7 @@ import numpy as np
 import torch
 
 from torchtitan.config_manager import global_batch
+from torchtitan.datasets.batch import Batch, make_batch
 from torchtitan.datasets.blend import Blend
 from torchtitan.datasets.mixture import (
     SourceSpec,
@@ -62,10 +73,12 @@ from torchtitan.log import logger
 
 
 class HFDataLoader:
-    """Packed ``(inputs, labels)`` batches for one data-parallel rank; checkpointable.
+    """Packed :class:`Batch` ``(inputs, labels, doc_ids)`` batches for one data-parallel rank;
+    checkpointable.
 
     ``sources`` are opened sources (text :class:`Source` or :class:`TokenWindows`), ``names`` their
-    names in metrics and checkpoints, ``weights`` their shares (None: one source). Iterating
+    names in metrics and checkpoints, ``weights`` their shares (None: one source);
+    ``mask_document_starts`` ignores the labels that are a document's first token. Iterating
     continues from the current position (a fresh loader starts at the beginning, a loader given a
     ``load_state_dict`` starts where the saved one stopped). In infinite mode iteration never ends;
     otherwise one ``iter()`` is one pass, after which the loader rewinds, so the next ``iter()`` is
@@ -89,6 +102,7 @@ class HFDataLoader:
         seed: int = 0,
         shuffle: bool = False,
         shuffle_buffer: int = 0,
+        mask_document_starts: bool = False,
     ) -> None:
         self.sources = list(sources)
         self.names = list(names) if names else [_label(s) for s in self.sources]
@@ -102,6 +116,7 @@ class HFDataLoader:
         self.infinite = infinite
         self.section = section
         self.seed, self.shuffle, self.shuffle_buffer = seed, shuffle, shuffle_buffer
+        self.mask_document_starts = mask_document_starts
         self.virtual_shards, _ = global_batch(
             local_batch_size, global_batch_size or -1, dp_world_size
         )
@@ -194,18 +209,19 @@ class HFDataLoader:
         """Input tokens each source has given the global stream so far (the same on every rank)."""
         return {n: c * self.seq_len for n, c in zip(self.names, self.blend.counts, strict=True)}
 
-    def _window(self, j: int) -> list[int] | np.ndarray | None:
-        """The next window of this rank's row ``j``, from the source this step's plan gives it."""
+    def _window(self, j: int) -> tuple[list[int] | np.ndarray, np.ndarray] | None:
+        """The next window of this rank's row ``j``, from the source this step's plan gives it,
+        and where documents start in it."""
         v = self.shards[j]
         i, m = self._plan[0][v], self._plan[1][v]
         src = self.sources[i]
         if isinstance(src, TokenWindows):
-            return None if not self.infinite and m >= src.per_epoch else src[m]
+            return None if not self.infinite and m >= src.per_epoch else src.window_with_starts(m)
         reader = self._readers[j][i]
         assert reader is not None
         return reader.next_window()
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         window = self.seq_len + 1
         n = self.local_batch_size
         groups = len(self.shards) // n
@@ -219,13 +235,15 @@ class HFDataLoader:
                 self.restart()
                 return
             self._next_group = (g + 1) % groups
-            if all(isinstance(w, np.ndarray) for w in rows):
-                chunk = torch.from_numpy(np.stack(rows))  # type: ignore[arg-type]
+            tokens = [w[0] for w in rows]  # type: ignore[index]
+            if all(isinstance(t, np.ndarray) for t in tokens):
+                chunk = torch.from_numpy(np.stack(tokens))  # type: ignore[arg-type]
             else:
-                flat_rows = [int(t) for w in rows for t in w]  # type: ignore[union-attr]
+                flat_rows = [int(t) for w in tokens for t in w]
                 # array -> tensor is several times faster than torch.tensor(list)
                 chunk = torch.frombuffer(array("q", flat_rows), dtype=torch.long).view(n, window)
-            yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+            starts = np.stack([w[1] for w in rows])  # type: ignore[index]
+            yield make_batch(chunk, starts, self.mask_document_starts)
 
     # ---- checkpointing
 
@@ -349,6 +367,7 @@ def build_hf_dataloader(
     shuffle: bool = False,
     shuffle_buffer: int = 100,
     datasets: Any = None,
+    mask_document_starts: bool = False,
 ) -> HFDataLoader:
     """The data loader for one data-parallel rank.
 
@@ -364,6 +383,10 @@ def build_hf_dataloader(
 
     ``section`` is the config section the settings came from (``"training"``, or
     ``"validation"`` for the validation loader): messages name keys of that section.
+
+    The loader yields :class:`~torchtitan.datasets.batch.Batch` ``(inputs, labels, doc_ids)``;
+    ``mask_document_starts`` sets the label of each document's first token to ``IGNORE_INDEX``
+    (see the module docstring).
     """
     if local_batch_size < 1:
         raise ConfigError(f"{section}.local_batch_size: {local_batch_size} must be >= 1")
@@ -389,6 +412,7 @@ def build_hf_dataloader(
         dp_rank=dp_rank, dp_world_size=dp_world_size, global_batch_size=virtual_shards,
         infinite=infinite, names=[s.name for s in specs], weights=[s.weight for s in specs],
         section=section, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+        mask_document_starts=mask_document_starts,
     )  # fmt: skip
     _log_sources(loader, specs, split)
     return loader

@@ -3,7 +3,9 @@ checkpointable.
 
 Packing
     Documents are tokenized with BOS and EOS and appended to the shard's token buffer, which is cut
-    into consecutive, non-overlapping windows of ``seq_len + 1`` tokens.
+    into consecutive, non-overlapping windows of ``seq_len + 1`` tokens. Each document (one
+    ``encode`` result, or one row of token ids) starts where its first token lands in the buffer;
+    a window comes with a flag per position saying whether a document starts there.
 
 Bad rows
     A row without the text field, or whose value is not a string (a null counts as missing), stops
@@ -20,14 +22,19 @@ Epochs
 
 State
     :meth:`ShardReader.state` is UTF-8 JSON with the shard's epoch, row position (and, for a
-    streamed dataset, ``IterableDataset.state_dict()``), windows served and leftover token buffer,
-    so that a fresh reader given this state yields exactly the windows the saved one would have
-    yielded next.
+    streamed dataset, ``IterableDataset.state_dict()``), windows served, leftover token buffer and
+    the positions in that buffer where documents start (``"starts"``), so that a fresh reader given
+    this state yields exactly the windows (and document starts) the saved one would have yielded
+    next. A state saved before ``"starts"`` existed still loads: its leftover buffer is read as the
+    tail of one document, which it always is when saved by this reader (a document is read only
+    while the buffer is shorter than a window, so it starts in the window cut next); ``"starts"``
+    keeps the state exact for any reading order.
 """
 
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -103,11 +110,13 @@ class ShardReader:
             # Reading only the text column keeps wide datasets cheap; full rows only for errors.
             self._texts = ds.select_columns([text_field]) if text_field in ds.column_names else None
         # Position: epoch (0-based), rows consumed in this epoch, windows yielded so far, leftover
-        # tokens; for streamed data, a saved IterableDataset state waiting to be applied.
+        # tokens and where documents start among them (ascending buffer positions); for streamed
+        # data, a saved IterableDataset state waiting to be applied.
         self.epoch = 0
         self.row = 0
         self.windows = 0
         self.buffer: list[int] = []
+        self.starts: list[int] = []
         self._pending_hf_state: dict | None = None
         self._texts_iter: Iterator[str] | None = None
 
@@ -208,30 +217,43 @@ class ShardReader:
 
     # ---- windows
 
-    def next_window(self) -> list[int] | None:
-        """The next ``window`` tokens; None when a non-infinite pass ends (the shard rewinds)."""
+    def next_window(self) -> tuple[list[int], np.ndarray] | None:
+        """The next ``window`` tokens and a bool per position, true where a document starts;
+        None when a non-infinite pass ends (the shard rewinds)."""
         window, encode = self.window, self.tokenizer.encode
-        while len(self.buffer) < window:
+        buffer, doc_starts = self.buffer, self.starts  # replaced only by a pass's end that stops
+        while len(buffer) < window:
             text = self._next_text()
-            if isinstance(text, str):
-                self.buffer.extend(encode(text, bos=True, eos=True))
+            if text is None:
+                self._end_of_rows()
+                if not self.infinite:
+                    return None
                 continue
-            if text is not None:  # a row of token ids (input_ids), read as stored
-                self.buffer.extend(self._checked_ids(text))
-                continue
-            if self.row == 0:
-                raise DataError(
-                    f"dataset '{self.label}': virtual shard {self.index} (of "
-                    f"{self.virtual_shards}) has no rows; use a larger dataset or a smaller "
-                    "training.global_batch_size (one virtual shard per sequence of the global batch)"
-                )
-            self._end_pass()
-            if not self.infinite:
-                return None
-        out = self.buffer[:window]
-        del self.buffer[:window]
+            # one document: a text tokenized with BOS and EOS, or a row of token ids (input_ids)
+            # read as stored (an empty one starts nothing)
+            is_text = isinstance(text, str)
+            ids = encode(text, bos=True, eos=True) if is_text else self._checked_ids(text)
+            if ids:
+                doc_starts.append(len(buffer))
+                buffer.extend(ids)
+        out = buffer[:window]
+        del buffer[:window]
+        starts = np.zeros(window, dtype=bool)
+        k = bisect_left(doc_starts, window)  # the starts before the cut
+        starts[doc_starts[:k]] = True
+        self.starts = [p - window for p in doc_starts[k:]]
         self.windows += 1
-        return out
+        return out, starts
+
+    def _end_of_rows(self) -> None:
+        """The pass has no row left: end it (or stop, if the shard has no rows at all)."""
+        if self.row == 0:
+            raise DataError(
+                f"dataset '{self.label}': virtual shard {self.index} (of "
+                f"{self.virtual_shards}) has no rows; use a larger dataset or a smaller "
+                "training.global_batch_size (one virtual shard per sequence of the global batch)"
+            )
+        self._end_pass()
 
     def _checked_ids(self, ids: list[int]) -> list[int]:
         vocab = getattr(self.tokenizer, "n_words", None)
@@ -249,7 +271,7 @@ class ShardReader:
         self.row = 0
         self._texts_iter = None
         if not self.infinite:
-            self.buffer = []
+            self.buffer, self.starts = [], []
             return
         log = logger.info if self.first_on_rank else logger.debug
         log(
@@ -263,7 +285,7 @@ class ShardReader:
         self._texts_iter = None
         self._pending_hf_state = None
         self.row = 0
-        self.buffer = []
+        self.buffer, self.starts = [], []
         self.epoch = 0  # every pass of a non-infinite loader is the same (and equally shuffled)
         self.windows = 0
 
@@ -281,6 +303,7 @@ class ShardReader:
             "row": self.row,
             "windows": self.windows,
             "buffer": self.buffer,
+            "starts": self.starts,
             "hf_state": hf_state,
             "order": self._order_name(),
             "shuffle_buffer": None if self._shuffle is None else self._shuffle.state(),
@@ -329,6 +352,7 @@ class ShardReader:
         self.row = state["row"]
         self.windows = state["windows"]
         self.buffer = list(state["buffer"])
+        self.starts = self._saved_starts(state)
         self._texts_iter = None
         self._pending_hf_state = state["hf_state"] if self.streaming and self.row > 0 else None
         if self._shuffle is not None:
@@ -336,6 +360,20 @@ class ShardReader:
             self._shuffle.reset(self.epoch)
             if saved is not None and self._pending_hf_state is not None:
                 self._shuffle.load(saved)
+
+    def _saved_starts(self, state: dict[str, Any]) -> list[int]:
+        """The saved document starts in the leftover buffer; none in a state saved before they
+        were kept (the leftover is then read as the tail of one document)."""
+        starts = state.get("starts", [])
+        n = len(state["buffer"])
+        ok = isinstance(starts, list) and all(isinstance(p, int) for p in starts)
+        if not ok or any(not 0 <= p < n for p in starts) or starts != sorted(set(starts)):
+            raise ConfigError(
+                f"data loader checkpoint: virtual shard {self.index} of dataset '{self.label}' "
+                f"has document starts {str(starts)[:60]} that are not ascending positions in its "
+                f"leftover buffer of {n} tokens; the checkpoint is damaged"
+            )
+        return list(starts)
 
 
 class ShuffleBuffer:

@@ -9,6 +9,8 @@ epoch ``m // per_epoch``.
 Because window ``m`` is a function of (corpus, seed, m) alone, a data-parallel rank reads just the
 windows it serves, any layout reads the same stream, and the position to save is one number.
 Documents are read as stored (a pretokenized corpus holds BOS/EOS already).
+:meth:`TokenWindows.window_with_starts` also says where in the window documents start: exactly
+where a document's first token falls (a window that begins inside a document has no start at 0).
 """
 
 from __future__ import annotations
@@ -160,15 +162,24 @@ class TokenWindows:
 
     def __getitem__(self, m: int) -> np.ndarray:
         """Window ``m`` as int64 token ids."""
+        return self.window_with_starts(m)[0]
+
+    def window_with_starts(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Window ``m`` as int64 token ids, and a bool per position: true where a document's
+        first token falls."""
         epoch, j = divmod(m, self.per_epoch)
         order, ends = self._epoch(epoch)
         lo, hi = j * self.window, (j + 1) * self.window
         i = int(np.searchsorted(ends, lo, side="right"))
         pieces, pos = [], lo
+        starts = np.zeros(self.window, dtype=bool)
         while pos < hi:
             d = i if order is None else int(order[i])
-            doc_start = int(ends[i]) - int(self._lengths[d])
-            stop = min(hi, int(ends[i]))
+            end = int(ends[i])
+            doc_start = end - int(self._lengths[d])
+            stop = min(hi, end)
+            if pos == doc_start and stop > pos:  # the document's first token (an empty one: none)
+                starts[pos - lo] = True
             pieces.append(self.store.read(d, pos - doc_start, stop - doc_start))
             pos, i = stop, i + 1
         out = np.concatenate(pieces).astype(np.int64)
@@ -179,4 +190,4 @@ class TokenWindows:
                 f"tokenizer's vocabulary [0, {self.vocab_size}); the corpus was written with "
                 "another tokenizer (see its manifest.json), or model.tokenizer_path is wrong"
             )
-        return out
+        return out, starts
