@@ -155,19 +155,23 @@ class Loop:
                     startup = None
 
     def step(self, data_iter: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward and backward over the accumulation steps: (summed loss, clipped grad norm)."""
+        """Forward and backward over the accumulation steps: (summed loss, clipped grad norm).
+        The step's micro-batches are read first: the loss is the mean over their valid tokens."""
         self.optimizer.zero_grad()
-        plan, dims = self.rt.plan, self.rt.dims
+        t0 = time.perf_counter()
+        batches = [next(data_iter) for _ in range(self.rt.plan.grad_accum_steps)]
+        self.metrics.data_loading_times.append(time.perf_counter() - t0)
+        self.runner.begin_step(batches)
         loss = torch.zeros((), device=self.rt.device)
-        for _ in range(plan.grad_accum_steps):
-            t0 = time.perf_counter()
-            inputs, labels = next(data_iter)
-            self.metrics.data_loading_times.append(time.perf_counter() - t0)
+        for batch in batches:
             # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch
-            self.metrics.ntokens_since_last_log += labels.numel() // dims.non_data_parallel_size
-            loss += self.runner.forward_backward(inputs, labels, plan.grad_accum_steps)
+            n = batch.labels.numel() // self.rt.dims.non_data_parallel_size
+            self.metrics.ntokens_since_last_log += n
+            loss += self.runner.forward_backward(batch)
         max_norm = self.job_config.training.max_norm
-        return loss, dist_utils.clip_grad_norm_(self.params, max_norm, pp_group=dims.pp_group)
+        return loss, dist_utils.clip_grad_norm_(
+            self.params, max_norm, pp_group=self.rt.dims.pp_group
+        )
 
     def optimizer_step(self, step: int) -> float:
         """The update (after a background save has copied the weights it needs); the lr used."""

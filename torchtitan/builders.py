@@ -105,6 +105,7 @@ def dataloader_for(
         shuffle=t.shuffle,
         shuffle_buffer=t.shuffle_buffer,
         datasets=t.datasets,
+        mask_document_starts=t.mask_document_starts,
     )
 
 
@@ -125,6 +126,7 @@ def build_validation_loader(job_config: JobConfig, rt: Runtime, tokenizer: Any) 
         split="validation",
         section="validation",
         datasets=v.datasets,
+        mask_document_starts=t.mask_document_starts,
     )
 
 
@@ -221,7 +223,6 @@ def build_step_runner(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> 
             rt.device,
             rt.dims.pp_group,
             loss_fn,
-            rt.plan.grad_accum_steps,
         )
     return StepRunner(
         job_config,

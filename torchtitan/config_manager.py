@@ -105,6 +105,12 @@ class Model:
         "RMSNorm implementation: eager, torch.compile'd, or a Triton kernel (CUDA only); same weights",
         choices=("rmsnorm", "compiled_rmsnorm", "fused_rmsnorm"),
     )
+    attn_mask_type: str = opt(
+        "causal",
+        "Attention across the documents packed into a sequence: causal (every earlier token) or "
+        "block_causal (earlier tokens of the same document only; FlexAttention on CUDA)",
+        choices=("causal", "block_causal"),
+    )
 
     def tokenizer_source(self) -> tuple[str, str]:
         """(path, key that named it): ``tokenizer_path`` when set, else the Hugging Face assets
@@ -202,6 +208,11 @@ class Training:
         "Sequences per optimizer step over all ranks; -1 = local_batch_size x data-parallel degree (no accumulation)",
     )
     seq_len: int = opt(2048, "Tokens per sequence", ge=1)
+    mask_document_starts: bool = opt(
+        False,
+        "Do not predict a document's first token from the end of the one before it (its label "
+        "is ignored; the loss is the mean over the other tokens)",
+    )
     loss_chunks: int = opt(
         0,
         "Compute the output projection and cross entropy this many sequence pieces at a time, never holding the whole batch's logits (0 or 1 = all at once)",

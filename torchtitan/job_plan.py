@@ -154,7 +154,10 @@ def resolve_model_args(job_config: JobConfig) -> Any:
     m = job_config.model
     flavor = get_model_args(m.name, m.flavor)
     return dataclasses.replace(
-        flavor, norm_type=m.norm_type, n_layers=m.n_layers or flavor.n_layers
+        flavor,
+        norm_type=m.norm_type,
+        n_layers=m.n_layers or flavor.n_layers,
+        attn_mask_type=m.attn_mask_type,
     )
 
 

@@ -24,6 +24,7 @@ class TrainSpec:
     parallelize_fn: Callable[..., nn.Module]
     build_tokenizer_fn: Callable[..., Any]
     build_dataloader_fn: Callable[..., Any]
+    # (prediction, labels, reduction="mean" | "sum") -> loss; training calls it with "sum"
     loss_fn: Callable[..., Any]
     build_optimizer_fn: Callable[..., Any]
     build_lr_scheduler_fn: Callable[..., Any]

@@ -4,8 +4,9 @@ Each evaluation reads the validation data from its beginning: ``validation.steps
 data-parallel rank, or with -1 the whole of it (every rank stops when the first one runs out,
 so all take part in the same collectives). Batches go through the model as in training (the
 sequence split under context parallel, the vocab-parallel loss under TP, the pipeline schedule
-forward-only under PP) without gradients. The loss is the mean over batches and over the ranks
-that hold different tokens (data and context parallel); perplexity is its exponential.
+forward-only under PP) without gradients. The loss is the mean over every valid (not ignored)
+label of the pass, over all the ranks that hold different tokens (data and context parallel);
+perplexity is its exponential.
 """
 
 from __future__ import annotations
@@ -37,19 +38,18 @@ class Validator:
         """``(loss, perplexity, batches, seconds)`` of one pass over the validation data."""
         t0 = time.perf_counter()
         self.dataloader.restart()
-        batches, total = 0, torch.zeros((), device=self.device)
+        batches, totals = 0, torch.zeros(2, device=self.device)  # summed loss, valid labels
         was_training = self.model.training
         self.model.eval()
-        for inputs, labels in self._batches():
-            total += self.runner.forward_loss(inputs, labels)
+        for batch in self._batches():
+            totals += torch.stack(self.runner.forward_loss(batch))
             batches += 1
         self.model.train(was_training)
         if batches == 0:
             raise ValueError("no validation batch")  # preflight's row check makes this unreachable
-        loss = total / batches
         if self.loss_mesh is not None and self.loss_mesh.size() > 1:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.loss_mesh.get_group())
-        value = float(loss)
+            dist.all_reduce(totals, group=self.loss_mesh.get_group())
+        value = float(totals[0] / totals[1].clamp(min=1))
         return value, math.exp(min(value, 700.0)), batches, time.perf_counter() - t0
 
     def _batches(self):

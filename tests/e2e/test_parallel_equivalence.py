@@ -87,6 +87,23 @@ LAYOUTS = {
 }  # fmt: skip
 
 
+# Block-causal attention within packed documents, with each document's first token left
+# unpredicted (so micro-batches and ranks hold uneven numbers of valid labels, which the loss
+# must weigh by token): the layouts that split, shard or recompute attention or the loss.
+BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal", "--training.mask_document_starts"]
+BLOCK_CAUSAL_LAYOUTS = {
+    "ddp2": LAYOUTS["ddp2"],
+    "fsdp2": LAYOUTS["fsdp2"],
+    "tp2": LAYOUTS["tp2"],
+    "pp2_1f1b": LAYOUTS["pp2_1f1b"],
+    "pp2_interleaved": LAYOUTS["pp2_interleaved"],
+    "cp2": LAYOUTS["cp2"],
+    "cp2_tp2_compile": LAYOUTS["cp2_tp2_compile"],
+    "compile": LAYOUTS["compile"],
+    "ac_op": LAYOUTS["ac_op"],
+}
+
+
 def _run(tmp_path, ngpu: int, extra: list[str]) -> tuple[dict[int, float], str]:
     out = launch(tmp_path, *COMMON, *extra, ngpu=ngpu, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -103,17 +120,40 @@ def baseline(tmp_path_factory) -> dict[int, float]:
     return losses
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout_matches_one_process(tmp_path, baseline, layout):
-    ngpu, extra = LAYOUTS[layout]
-    losses, stdout = _run(tmp_path, ngpu, extra)
+@pytest.fixture(scope="module")
+def block_causal_baseline(tmp_path_factory, baseline) -> dict[int, float]:
+    """One process as ``baseline``, with block-causal attention and masked document starts."""
+    extra = ["--training.local_batch_size", "4", *BLOCK_CAUSAL]
+    losses, stdout = _run(tmp_path_factory.mktemp("single_block_causal"), 1, extra)
+    assert losses[1] - losses[STEPS] > 0.2, losses
+    # the settings change the numbers: the suite is not the causal one again
+    assert max(abs(losses[s] - baseline[s]) for s in losses) > 1e-3, (losses, baseline)
+    return losses
+
+
+def _assert_matches(layout: str, losses: dict[int, float], baseline: dict[int, float]) -> None:
     worst = max(abs(losses[s] - baseline[s]) for s in losses)
     print(f"\n{layout}: step 1 {losses[1]:.6f} vs {baseline[1]:.6f}; max |diff| {worst:.2e}")
     assert losses[1] == pytest.approx(baseline[1], abs=1e-4), (losses, baseline)
     for step in range(1, STEPS + 1):
         # The issue asks for 2e-3; layouts measure under 2e-6, so 1e-4 catches real bugs sooner.
         assert losses[step] == pytest.approx(baseline[step], abs=1e-4), (step, losses, baseline)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(BLOCK_CAUSAL_LAYOUTS))
+def test_block_causal_layout_matches_one_process(tmp_path, block_causal_baseline, layout):
+    ngpu, extra = BLOCK_CAUSAL_LAYOUTS[layout]
+    losses, _ = _run(tmp_path, ngpu, [*extra, *BLOCK_CAUSAL])
+    _assert_matches(f"{layout} block_causal", losses, block_causal_baseline)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_matches_one_process(tmp_path, baseline, layout):
+    ngpu, extra = LAYOUTS[layout]
+    losses, stdout = _run(tmp_path, ngpu, extra)
+    _assert_matches(layout, losses, baseline)
     if layout == "compile":  # compile.components defaults to both
         assert "Compiled each transformer block" in stdout and "Compiled the loss" in stdout
     if layout == "cp2_tp2_compile":

@@ -3,9 +3,11 @@
 chunks, so the merge of a causal and a full block runs on the GPU kernels).
 
 Every rank builds the same random queries, keys and values for whole sequences, keeps its
-context-parallel part of them, and runs the all-gather attention forward and backward. Rank 0
-compares the gathered outputs and gradients with float32 causal SDPA on the whole sequences,
-next to the error of plain SDPA in the case's dtype (the bar for 16-bit cases), one line each::
+context-parallel part of them, and runs the all-gather attention forward and backward, causal
+and (cases ending ``_docs``) block-causal within documents whose boundaries fall inside and
+across the chunks. Rank 0 compares the gathered outputs and gradients with float32 SDPA (causal,
+or with the block-causal mask) on the whole sequences, next to the error of plain SDPA in the
+case's dtype (the bar for 16-bit cases), one line each::
 
     RESULT <case> <cp output err> <cp gradient err> <sdpa output err> <sdpa gradient err>
 """
@@ -20,14 +22,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from torchtitan.distributed.context_parallel import (
-    all_gather_attention,
+    ContextParallelAttention,
     shard_sequence,
     unshard_sequence,
 )
+from torchtitan.models.common.attention import document_mask
 
 # (name, batch, query heads, kv heads, sequence length, head dim, dtype)
 CASES = [
-    ("mha", 2, 4, 4, 16, 8, torch.float32),
+    ("mha", 3, 4, 4, 16, 8, torch.float32),
     ("gqa", 1, 4, 2, 24, 16, torch.float32),
     ("gqa_bf16", 2, 8, 2, 16, 8, torch.bfloat16),
 ]
@@ -38,10 +41,23 @@ CUDA_CASES = [  # flash (16-bit) and memory-efficient (float32) kernels, Llama-l
 ]
 
 
-def reference(q, k, v):
+def reference(q, k, v, doc_ids=None):
     n_rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if doc_ids is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(doc_ids))
+
+
+def documents(b: int, t: int, g: torch.Generator) -> torch.Tensor:
+    """Document ids ``[b, t]``: rows of 2, 4 and 1 documents (in turn) cut at random."""
+    rows = []
+    for i in range(b):
+        cuts = torch.randperm(t - 1, generator=g)[: (1, 3, 0)[i % 3]] + 1
+        starts = torch.zeros(t, dtype=torch.int32)
+        starts[cuts] = 1
+        rows.append(starts.cumsum(0, dtype=torch.int32))
+    return torch.stack(rows)
 
 
 def gather(x: torch.Tensor, cp: int) -> torch.Tensor:
@@ -50,17 +66,21 @@ def gather(x: torch.Tensor, cp: int) -> torch.Tensor:
     return unshard_sequence(torch.stack(parts), cp, dim=2)
 
 
-def run_case(name, b, h, h_kv, t, d, dtype, device="cpu") -> None:
+def run_case(name, b, h, h_kv, t, d, dtype, device="cpu", docs=False) -> None:
     cp, rank = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(b, n, t, d, generator=g).to(device, dtype) for n in (h, h_kv, h_kv))
     dout = torch.randn(b, h, t, d, generator=g).to(device, dtype)
+    doc_ids = documents(b, t, g).to(device) if docs else None
 
-    exact, exact_grads = sdpa_with_grads(q.float(), k.float(), v.float(), dout.float())
-    plain, plain_grads = sdpa_with_grads(q, k, v, dout)
+    exact, exact_grads = sdpa_with_grads(q.float(), k.float(), v.float(), dout.float(), doc_ids)
+    plain, plain_grads = sdpa_with_grads(q, k, v, dout, doc_ids)
 
     mine = [shard_sequence(x, cp, rank, dim=2).detach().requires_grad_() for x in (q, k, v)]
-    out = all_gather_attention(*mine, dist.group.WORLD)
+    kernel = ContextParallelAttention(dist.group.WORLD)
+    # the model hands the kernel its part of the document ids, which mask_for gathers
+    mask = None if doc_ids is None else kernel.mask_for(shard_sequence(doc_ids, cp, rank))
+    out = kernel(*mine, mask)
     out.backward(shard_sequence(dout, cp, rank, dim=2))
     cp_out = gather(out.detach(), cp)
     cp_grads = [gather(m.grad, cp) for m in mine]
@@ -71,12 +91,12 @@ def run_case(name, b, h, h_kv, t, d, dtype, device="cpu") -> None:
             err(plain, exact),
             max(err(a, b) for a, b in zip(plain_grads, exact_grads)),
         )
-        print(f"RESULT {name} " + " ".join(f"{e:.3e}" for e in errs), flush=True)
+        print(f"RESULT {name}{'_docs' if docs else ''} " + " ".join(f"{e:.3e}" for e in errs))
 
 
-def sdpa_with_grads(q, k, v, dout):
+def sdpa_with_grads(q, k, v, dout, doc_ids=None):
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out = reference(*leaves)
+    out = reference(*leaves, doc_ids)
     out.backward(dout)
     return out.detach(), [x.grad for x in leaves]
 
@@ -91,11 +111,13 @@ def main() -> None:
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
         for case in CUDA_CASES:
-            run_case(*case, device="cuda")
+            for docs in (False, True):
+                run_case(*case, device="cuda", docs=docs)
     else:
         dist.init_process_group("gloo")
         for case in CASES:
-            run_case(*case)
+            for docs in (False, True):
+                run_case(*case, docs=docs)
     dist.barrier()
     dist.destroy_process_group()
     # Every result is printed and every rank passed the barrier. Skip the interpreter's teardown:

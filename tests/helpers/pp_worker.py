@@ -9,6 +9,7 @@ model's loss and gradients. Rank 0 prints one line per schedule::
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -16,6 +17,7 @@ import torch.distributed as dist
 
 from torchtitan.config_manager import JobConfig
 from torchtitan.distributed import pipeline
+from torchtitan.distributed.loss_parallel import TokenMeanLoss
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.models.common.loss import cross_entropy_loss
@@ -62,9 +64,10 @@ def pipelined(schedule: str, pp: int, rank: int) -> tuple[float, dict[str, torch
     with torch.device("meta"):
         full = Transformer(ARGS)
     parts = {s: materialized(m) for s, m in pipeline.split_model(full, plan, rank).items()}
-    pipe = pipeline.Pipeline(
-        plan, parts, torch.device("cpu"), dist.group.WORLD, cross_entropy_loss, ACCUM
-    )
+    # training's loss: each micro-batch's summed cross entropy over the step's tokens
+    loss_fn = TokenMeanLoss(functools.partial(cross_entropy_loss, reduction="sum"))
+    loss_fn.divisor = LOCAL_BATCH * SEQ * ACCUM
+    pipe = pipeline.Pipeline(plan, parts, torch.device("cpu"), dist.group.WORLD, loss_fn)
     total = sum(pipe.forward_backward(inputs, labels).item() for inputs, labels in batches())
     grads = {n: p.grad for m in parts.values() for n, p in m.named_parameters()}
     return total, grads

@@ -18,12 +18,13 @@ Three steps, each usable on its own:
 3. :class:`Pipeline`: the schedule over the materialized parts; :meth:`Pipeline.forward_backward`
    runs one local batch and returns its loss on every pipeline rank.
 
-Loss and gradient scaling: each micro-batch loss is the mean cross entropy of the micro-batch
-divided by ``n_microbatches x grad_accum_steps`` and the schedule's own ``scale_grads`` is off.
-The summed micro-batch losses are then exactly the local batch's mean loss (micro-batches have
-equal sizes) divided by ``grad_accum_steps``, like the unpipelined step, and so are the
-gradients. (The schedule's ``scale_grads=True`` would divide the *accumulated* ``.grad`` by the
-number of micro-batches after every step, which is wrong under gradient accumulation.)
+Loss and gradient scaling: each pipeline micro-batch's loss is the training loss as the
+unpipelined step computes it (its summed cross entropy over the valid tokens of the whole
+optimizer step, ``TokenMeanLoss``), and the schedule's own ``scale_grads`` is off. The summed
+micro-batch losses and gradients are then exactly those of the unpipelined step. (The
+schedule's ``scale_grads=True`` would divide the *accumulated* ``.grad`` by the number of
+micro-batches after every step, which is wrong under gradient accumulation.) The document ids
+of block-causal attention go to every stage as a keyword argument, split like the batch.
 """
 
 from __future__ import annotations
@@ -300,7 +301,6 @@ class Pipeline:
         device: torch.device,
         group: dist.ProcessGroup,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        grad_accum_steps: int = 1,
     ):
         # (imported here: preflight, which needs only the plan, stays light)
         from torch.distributed.pipelining import PipelineStage
@@ -320,22 +320,19 @@ class Pipeline:
             PipelineStage(parts[s], s, plan.num_stages, device, group=group)
             for s in self.stage_indices
         ]
-        scale = plan.n_microbatches * grad_accum_steps
-        self.grad_accum_steps = grad_accum_steps
-
-        def microbatch_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return loss_fn(output, target) / scale
-
         cls = get_schedule_class(plan.schedule)
         self.schedule = cls(
             stages[0] if issubclass(cls, PipelineScheduleSingle) else stages,
             n_microbatches=plan.n_microbatches,
-            loss_fn=microbatch_loss,
+            loss_fn=loss_fn,
             scale_grads=False,
         )
 
-    def forward_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The mean loss of one local batch, forward only (evaluation), on every pipeline rank."""
+    def forward_loss(
+        self, inputs: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The loss of one local batch (the sum of its micro-batches' ``loss_fn``), forward only
+        (evaluation), on every pipeline rank."""
         args = (inputs,) if self.has_first else ()
         losses: list[torch.Tensor] = []
         with torch.no_grad():
@@ -343,8 +340,9 @@ class Pipeline:
                 *args,
                 target=labels if self.has_last else None,
                 losses=losses if self.has_last else None,
+                **_stage_kwargs(doc_ids),
             )
-        return self._broadcast_sum(losses) * self.grad_accum_steps
+        return self._broadcast_sum(losses)
 
     def _broadcast_sum(self, losses: list[torch.Tensor]) -> torch.Tensor:
         """The sum of the last stage's micro-batch losses, broadcast to every pipeline rank."""
@@ -355,9 +353,11 @@ class Pipeline:
         dist.broadcast(loss, group=self.group, group_src=self.last_rank)
         return loss
 
-    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward_backward(
+        self, inputs: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Forward and backward of one local batch through the pipeline (gradients accumulate
-        into the parts' ``.grad``). Returns the batch's loss, scaled like each micro-batch loss,
+        into the parts' ``.grad``). Returns the batch's loss (the sum of its micro-batches'),
         on every pipeline rank: it is broadcast from the rank that holds the last stage."""
         args = (inputs,) if self.has_first else ()
         losses: list[torch.Tensor] = []
@@ -366,5 +366,11 @@ class Pipeline:
             target=labels if self.has_last else None,
             losses=losses if self.has_last else None,
             return_outputs=False,
+            **_stage_kwargs(doc_ids),
         )
         return self._broadcast_sum(losses)
+
+
+def _stage_kwargs(doc_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Keyword arguments of every stage's forward (split into micro-batches like the inputs)."""
+    return {} if doc_ids is None else {"doc_ids": doc_ids}

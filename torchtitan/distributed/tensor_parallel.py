@@ -141,8 +141,8 @@ def decoder_block_plan(styles: BlockStyles) -> dict[str, Any]:
         "attention": styles.prepare_input(
             "attention",
             ("wqkv",),
-            input_layouts=(Shard(1), None),
-            desired_input_layouts=(Replicate(), None),
+            input_layouts=(Shard(1), None, None),  # x, rope_cache, mask (None: causal)
+            desired_input_layouts=(Replicate(), None, None),
         ),
         "attention.wqkv": styles.colwise("attention.wqkv"),
         "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),

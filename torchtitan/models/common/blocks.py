@@ -1,5 +1,5 @@
-"""Blocks that several families share: truncated-normal init, causal attention, grouped-query
-attention with a fused QKV projection, SwiGLU, the pre-norm transformer block."""
+"""Blocks that several families share: truncated-normal init, grouped-query attention with a
+fused QKV projection, SwiGLU, the pre-norm transformer block."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtitan.models.common.attention import CausalAttention
 from torchtitan.models.norms import build_norm
 
 
@@ -35,23 +36,6 @@ def trunc_normal_(weight: torch.Tensor, std: float, clip_stds: float = 3.0) -> N
     sample.clamp_(min=-clip_stds * std, max=clip_stds * std)
     if sample is not weight:
         weight.copy_(sample)
-
-
-class CausalAttention(nn.Module):
-    """Causal scaled dot-product attention: queries ``[B, H, T, D]``, keys and values
-    ``[B, H_kv, T, D]`` -> ``[B, H, T, D]``.
-
-    Each kv head serves ``H / H_kv`` consecutive query heads (Meta's ``repeat_kv`` convention).
-    SDPA takes the kv heads as they are (``enable_gqa``): no copy of keys and values per query
-    head, and no reduction of that copy's gradient in backward.
-    A module of its own so that a parallelism can put another implementation of the same math in
-    its place (context parallel swaps in one that gathers keys and values across ranks).
-    """
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
-        )
 
 
 def fuse_qkv(wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
@@ -81,7 +65,8 @@ Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor
 class GroupedQueryAttention(nn.Module):
     """Causal grouped-query self-attention without biases: one fused projection ``wqkv`` (rows
     as :func:`fuse_qkv` lays them out: one matmul for queries, keys and values), the family's
-    rotary embedding ``rotary(xq, xk, rope_cache)``, SDPA with the kv heads as they are, ``wo``.
+    rotary embedding ``rotary(xq, xk, rope_cache)``, attention with the kv heads as they are
+    (causal, or block-causal under a document ``mask``: see :mod:`.attention`), ``wo``.
 
     Queries are ``[B, T, G, H / G, D]`` and keys/values ``[B, T, G, 1, D]`` views of the
     projection (``G`` kv heads, position in dim 1) until the rotation makes new tensors. Head
@@ -105,18 +90,20 @@ class GroupedQueryAttention(nn.Module):
         qkv = self.wqkv(x).unflatten(-1, (-1, self.n_rep + 2, self.head_dim))
         return qkv.split((self.n_rep, 1, 1), dim=3)
 
-    def attend(self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor) -> torch.Tensor:
-        """Attention over the grouped heads, then ``wo``."""
+    def attend(
+        self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor, mask: Any = None
+    ) -> torch.Tensor:
+        """Attention over the grouped heads (under the document ``mask``, if any), then ``wo``."""
         bsz, seq_len = xq.shape[:2]
         # [B, T, G, r, D] -> [B, T, G * r, D] -> [B, heads, T, D]
         q, k, v = (t.flatten(2, 3).transpose(1, 2) for t in (xq, xk, xv))
-        out = self.sdpa(q, k, v)
+        out = self.sdpa(q, k, v, mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, mask: Any = None) -> torch.Tensor:
         xq, xk, xv = self.project(x)
         xq, xk = self.rotary(xq, xk, rope_cache)
-        return self.attend(xq, xk, xv)
+        return self.attend(xq, xk, xv, mask)
 
     def init_weights(self, init_std: float) -> None:
         """wqkv: truncated normal std 0.02; wo: the given (depth-scaled) std."""
@@ -145,7 +132,7 @@ class FeedForward(nn.Module):
 
 class TransformerBlock(nn.Module):
     """Pre-norm residual block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``, with the
-    family's ``attention`` (called ``attention(x, rope_cache)``, with ``init_weights(std)``) and
+    family's ``attention`` (called ``attention(x, rope_cache, mask)``, with ``init_weights(std)``) and
     a SwiGLU ``FeedForward`` of width ``hidden_dim``. ``args`` gives ``dim``, ``n_layers``,
     ``norm_type``, ``norm_eps`` and ``depth_init``.
 
@@ -163,8 +150,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, hidden_dim)
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope_cache)
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, mask: Any = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope_cache, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
     @property

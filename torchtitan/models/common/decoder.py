@@ -1,7 +1,8 @@
 """The skeleton of a dense decoder-only language model, which each family fills in.
 
 ``tok_embeddings -> layers["0"] .. layers["n-1"] -> norm -> output``, every block called as
-``block(h, rope_cache)``. The attribute names are a contract with the generic code: the pipeline
+``block(h, rope_cache, mask)`` (``mask``: None for causal attention, else the block-causal mask
+of the batch's documents, built once per forward by the first block's attention kernel). The attribute names are a contract with the generic code: the pipeline
 split drops ``layers`` entries and sets ``tok_embeddings`` / ``norm`` / ``output`` to ``None``
 (``forward`` then passes its input through the missing parts), FSDP and activation checkpointing
 wrap each entry of ``layers``, and a family's tensor-parallel plan names the same modules.
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchtitan.models.common.attention import ATTN_MASK_TYPES
 from torchtitan.models.common.blocks import trunc_normal_
 from torchtitan.models.norms import NORM_TYPES
 
@@ -35,6 +37,10 @@ def check_decoder_args(args: Any) -> None:
     ``n_kv_heads`` defaults to ``n_heads``); ValueError naming the field."""
     if args.norm_type not in NORM_TYPES:
         raise ValueError(f"norm_type {args.norm_type!r} is not one of: {', '.join(NORM_TYPES)}")
+    if args.attn_mask_type not in ATTN_MASK_TYPES:
+        raise ValueError(
+            f"attn_mask_type {args.attn_mask_type!r} is not one of: {', '.join(ATTN_MASK_TYPES)}"
+        )
     if args.n_heads % args.n_kv_heads != 0:
         raise ValueError(
             f"n_heads ({args.n_heads}) must be divisible by n_kv_heads ({args.n_kv_heads})"
@@ -76,7 +82,7 @@ class Decoder(nn.Module, ABC):
 
     @abstractmethod
     def build_block(self, layer_id: int, args: Any) -> nn.Module:
-        """Block ``layer_id``: called as ``block(h, rope_cache)``, with ``init_weights()``."""
+        """Block ``layer_id``: called as ``block(h, rope_cache, mask)``, with ``init_weights()``."""
 
     @abstractmethod
     def build_rope_cache(self, args: Any, device: torch.device | str | None = None) -> torch.Tensor:
@@ -141,17 +147,31 @@ class Decoder(nn.Module, ABC):
                 # a pipeline stage holding only the (tied) output: same scheme as the embedding
                 trunc_normal_(self.output.weight, std=0.02)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for every position (the final norm's output with ``output_in_loss``); stages
-        without embeddings take hidden states instead, stages without the output return them."""
+        without embeddings take hidden states instead, stages without the output return them.
+
+        ``doc_ids [B, T]`` (see :mod:`torchtitan.datasets.batch`) say where the packed documents
+        start; with ``attn_mask_type = "block_causal"`` attention stays within them, otherwise
+        they are not used."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        mask = self.attention_mask(doc_ids)
         for layer in self.layers.values():
-            h = layer(h, self.rope_cache)
+            h = layer(h, self.rope_cache, mask)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None and not self.output_in_loss:
             return self.output(h).float()
         return h
+
+    def attention_mask(self, doc_ids: torch.Tensor | None) -> Any:
+        """The mask every block's attention takes for this batch (None: causal attention), built
+        by the attention kernel (which a parallelism may have replaced) of the first block."""
+        if doc_ids is None or self.args.attn_mask_type == "causal":
+            return None
+        # the first module with ``mask_for``, whatever wraps the blocks (AC, compile, FSDP)
+        kernel = next((m for m in self.layers.modules() if hasattr(m, "mask_for")), None)
+        return None if kernel is None else kernel.mask_for(doc_ids)
 
 
 def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[int, int]:

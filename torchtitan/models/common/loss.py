@@ -10,9 +10,13 @@ from torch.utils.checkpoint import checkpoint
 IGNORE_INDEX = -100  # F.cross_entropy's default: labels equal to it count in neither sum nor mean
 
 
-def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy over all positions, computed in float32."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+def cross_entropy_loss(
+    logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Next-token cross entropy, computed in float32: the mean over the positions whose label is
+    not ``IGNORE_INDEX``, or with ``reduction="sum"`` their sum (training divides the sum by the
+    valid tokens of the whole step, see ``distributed/loss_parallel.TokenMeanLoss``)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1), reduction=reduction)
 
 
 class ChunkedOutputLoss(nn.Module):
@@ -25,7 +29,8 @@ class ChunkedOutputLoss(nn.Module):
     states and recomputes the piece's logits when it gets there. Peak memory for the logits goes
     from ``B x T x vocab`` (plus its gradient) to ``B x T / n_chunks x vocab``; the price is one
     more forward of the output projection. The value is the cross entropy of the whole batch
-    (``F.cross_entropy``'s mean over labels other than -100), up to summation order.
+    (``F.cross_entropy``'s mean over labels other than -100; with ``reduction="sum"`` their
+    sum), up to summation order.
 
     ``output`` is the model's own output module, called once per piece (so a tensor-parallel plan
     on it applies as usual: vocab-sharded logits under the vocab-parallel loss); the model returns
@@ -34,11 +39,13 @@ class ChunkedOutputLoss(nn.Module):
     parameters beyond the model's ``output``.
     """
 
-    def __init__(self, output: nn.Module, n_chunks: int) -> None:
+    def __init__(self, output: nn.Module, n_chunks: int, reduction: str = "mean") -> None:
         super().__init__()
         if n_chunks < 1:
             raise ValueError(f"n_chunks: {n_chunks} must be >= 1")
-        self.output, self.n_chunks = output, n_chunks
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction: {reduction!r} must be 'mean' or 'sum'")
+        self.output, self.n_chunks, self.reduction = output, n_chunks, reduction
 
     def _piece(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = self.output(hidden).flatten(0, 1).float()
@@ -47,4 +54,6 @@ class ChunkedOutputLoss(nn.Module):
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         pieces = zip(hidden.chunk(self.n_chunks, dim=1), labels.chunk(self.n_chunks, dim=1))
         total = sum(checkpoint(self._piece, h, y, use_reentrant=False) for h, y in pieces)
+        if self.reduction == "sum":
+            return total
         return total / (labels != IGNORE_INDEX).sum().clamp(min=1)

@@ -19,7 +19,7 @@ of ``layers``; :meth:`Transformer.forward` then passes its input through the mis
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -74,6 +74,9 @@ class ModelArgs:
     depth_init: bool = True  # scale wo/w2 init by the layer's depth rather than by n_layers
     # RMSNorm implementation (same math and parameter, see torchtitan/models/norms.py)
     norm_type: str = "rmsnorm"
+    # "causal" or "block_causal" (attention within packed documents, see models/common/attention.py);
+    # how a run trains, not an architecture setting: not in config.json, not compared
+    attn_mask_type: str = field(default="causal", compare=False)
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:

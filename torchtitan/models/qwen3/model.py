@@ -27,6 +27,7 @@ Intended construction (the parallelisms may be applied between the steps)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -67,6 +68,9 @@ class Qwen3ModelArgs:
     depth_init: bool = True  # scale wo/w2 init by the layer's depth rather than by n_layers
     # RMSNorm implementation (same math and parameter, see torchtitan/models/norms.py)
     norm_type: str = "rmsnorm"
+    # "causal" or "block_causal" (attention within packed documents, see models/common/attention.py);
+    # how a run trains, not an architecture setting: not in config.json, not compared
+    attn_mask_type: str = field(default="causal", compare=False)
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -148,11 +152,11 @@ class Qwen3Attention(GroupedQueryAttention):
         self.q_norm = build_norm(args.norm_type, args.head_dim, args.norm_eps)
         self.k_norm = build_norm(args.norm_type, args.head_dim, args.norm_eps)
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, mask: Any = None) -> torch.Tensor:
         xq, xk, xv = self.project(x)
         # SDPA's default scale is head_dim ** -0.5, as in Qwen3
         xq, xk = self.rotary(self.q_norm(xq), self.k_norm(xk), rope_cache)
-        return self.attend(xq, xk, xv)
+        return self.attend(xq, xk, xv, mask)
 
     def init_weights(self, init_std: float) -> None:
         """wqkv: truncated normal std 0.02; wo: the given (depth-scaled) std; QK norms: 1."""
