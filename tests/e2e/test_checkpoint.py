@@ -70,6 +70,24 @@ def test_resume_gives_the_same_losses_as_an_unbroken_run(tmp_path, unbroken, asy
 
 
 @pytest.mark.slow
+def test_block_causal_training_resumes_exactly(tmp_path):
+    """Document masking on (block-causal attention, documents' first tokens unpredicted, two
+    accumulation steps, so the loss is weighed by each step's valid tokens): 10 steps, then a
+    resume to 20, give the losses of 20 steps in one go."""
+    masking = ["--model.attn_mask_type", "block_causal", "--training.mask_document_starts",
+               "--training.local_batch_size", "4"]  # fmt: skip
+    _train(tmp_path / "unbroken", 20, *masking)
+    unbroken = tensorboard_scalars_all_runs(tmp_path / "unbroken" / "out")
+    _train(tmp_path / "resumed", 10, *masking)
+    out = _train(tmp_path / "resumed", 20, *masking)
+    assert "Loaded training state from" in out.stdout and "(step 10)" in out.stdout
+    resumed = tensorboard_scalars_all_runs(tmp_path / "resumed" / "out")
+    assert sorted(resumed) == sorted(unbroken) == list(range(1, 21))
+    for step in range(1, 21):
+        assert abs(resumed[step] - unbroken[step]) <= 1e-6, (step, resumed[step], unbroken[step])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "first, second",
     [

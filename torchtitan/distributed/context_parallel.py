@@ -16,6 +16,12 @@ The approach of Llama 3 ("The Llama 3 Herd of Models", Dubey et al. 2024, sectio
 
 The kernels are the flash-attention ops that return the log-sum-exp: the CPU one, and on CUDA
 the flash (16-bit) or memory-efficient (float32) one; the same code runs over gloo and NCCL.
+
+Block-causal attention (documents packed into a sequence attend only within themselves): the
+kernel's ``mask_for`` all-gathers the document ids of the whole sequence once per forward, and
+each local query chunk attends in one kernel call to the keys up to its end under an additive
+mask of same-document, not-later positions (the CPU kernel, or CUDA's memory-efficient one, which
+take a bias). No query row is fully masked (a position sees itself), so no merge is needed.
 """
 
 from __future__ import annotations
