@@ -7,6 +7,7 @@ in tests/helpers, on the path of every run (``pythonpath`` in pyproject.toml).""
 from __future__ import annotations
 
 import pytest
+import torch
 
 # Helpers whose checks are asserts: pytest's detailed assertion messages there as in a test file.
 pytest.register_assert_rewrite("download_scripts", "norm_checks")
@@ -22,3 +23,14 @@ def one_host_losses(tmp_path_factory) -> dict[int, float]:
     out = launch(tmp, *FOUR_WORKER_ARGS, ngpu=4)
     assert out.returncode == 0, out.stderr[-3000:]
     return tensorboard_scalars(tmp / "out")
+
+
+@pytest.fixture
+def one_cpu_thread():
+    """Tiny models: one intra-op thread is as fast, and it does not slow down by an order of
+    magnitude when other processes keep the cores busy (thread oversubscription). Use with
+    ``pytestmark = pytest.mark.usefixtures("one_cpu_thread")``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -36,12 +36,7 @@ from torchtitan.step import StepRunner
 VOCAB = 512
 
 
-@pytest.fixture(autouse=True)
-def _one_cpu_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 CUDA = pytest.param(

@@ -24,14 +24,7 @@ from torchtitan.models.llama.model import (
 DEBUG_VOCAB = 2256  # vocabulary of the test tokenizer in tests/assets
 
 
-@pytest.fixture(autouse=True)
-def _one_cpu_thread():
-    """These models are tiny: one intra-op thread is as fast, and it does not slow down by an
-    order of magnitude when other processes keep the cores busy (thread oversubscription)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 def debug_args(**overrides) -> ModelArgs:

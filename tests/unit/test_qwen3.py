@@ -22,13 +22,7 @@ from torchtitan.models.qwen3.model import (
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def _one_cpu_thread():
-    """Tiny models: one intra-op thread is as fast and does not oversubscribe shared cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 # head_dim 24 != dim / n_heads (16), grouped-query attention (4 query heads per kv head)

@@ -167,76 +167,6 @@ def _heads_for_kernel(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x.repeat_interleave(n_rep, dim=1)
 
 
-class _AllGatherAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, group, cp, cp_rank):  # type: ignore[override]
-        k_all, v_all = _gather_sequence(k, group, cp), _gather_sequence(v, group, cp)
-        n_rep = q.shape[1] // k.shape[1]
-        keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
-        c = q.shape[2] // 2  # chunk length
-        outs, lses, extras = [], [], []
-        for slot, chunk in enumerate(chunk_ids(cp, cp_rank)):
-            q_c = q[:, :, slot * c : (slot + 1) * c]
-            here = slice(chunk * c, (chunk + 1) * c)
-            out, lse, extra = _attention_forward(q_c, keys[:, :, here], values[:, :, here], True)
-            extras.append([extra])
-            if chunk > 0:  # the whole of every earlier chunk
-                before = slice(0, chunk * c)
-                o_p, l_p, e_p = _attention_forward(
-                    q_c, keys[:, :, before], values[:, :, before], False
-                )
-                out, lse = _merge(out, lse, o_p, l_p)
-                extras[-1].append(e_p)
-            outs.append(out)
-            lses.append(lse)
-        out = torch.cat(outs, dim=2)
-        ctx.save_for_backward(q, k_all, v_all, out, torch.cat(lses, dim=2))
-        ctx.extras, ctx.group, ctx.cp, ctx.cp_rank = extras, group, cp, cp_rank
-        ctx.k_dtype = k.dtype
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
-        q, k_all, v_all, out, lse = ctx.saved_tensors
-        n_rep = q.shape[1] // k_all.shape[1]
-        keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
-        dq = torch.empty_like(q)
-        dk = torch.zeros(keys.shape, dtype=torch.float32, device=q.device)
-        dv = torch.zeros_like(dk)
-        c = q.shape[2] // 2
-        dout = dout.contiguous()
-        for slot, chunk in enumerate(chunk_ids(ctx.cp, ctx.cp_rank)):
-            mine = slice(slot * c, (slot + 1) * c)
-            pieces = [(slice(chunk * c, (chunk + 1) * c), True)]
-            if chunk > 0:
-                pieces.append((slice(0, chunk * c), False))
-            dq_c = None
-            for (keys_at, causal), extra in zip(pieces, ctx.extras[slot]):
-                # The fused backward kernels read out/lse/dout by raw pointer and assume the
-                # dense layout their forward wrote: a sequence slice of lse [B, H, L] is strided
-                # and would be read wrongly on CUDA, so every slice is made contiguous.
-                g_q, g_k, g_v = _attention_backward(
-                    dout[:, :, mine].contiguous(),
-                    q[:, :, mine].contiguous(),
-                    keys[:, :, keys_at].contiguous(),
-                    values[:, :, keys_at].contiguous(),
-                    out[:, :, mine].contiguous(),
-                    lse[:, :, mine].contiguous(),
-                    causal,
-                    extra,
-                )
-                dq_c = g_q.float() if dq_c is None else dq_c + g_q.float()
-                dk[:, :, keys_at] += g_k.float()
-                dv[:, :, keys_at] += g_v.float()
-            dq[:, :, mine] = dq_c.to(q.dtype)
-        if keys.shape[1] != k_all.shape[1]:  # repeated: each copy served one query head
-            dk = dk.unflatten(1, (-1, n_rep)).sum(2)
-            dv = dv.unflatten(1, (-1, n_rep)).sum(2)
-        dk = _scatter_grad(dk, ctx.group, ctx.cp, ctx.k_dtype)
-        dv = _scatter_grad(dv, ctx.group, ctx.cp, ctx.k_dtype)
-        return dq, dk, dv, None, None, None
-
-
 def _document_bias(doc_ids: torch.Tensor, chunk: int, c: int, dtype: torch.dtype) -> torch.Tensor:
     """The additive mask ``[B, 1, c, (chunk + 1) c]`` of sequence chunk ``chunk``'s queries over
     the keys up to its end: 0 where the key is not later and in the same document, else -inf.
@@ -253,57 +183,74 @@ def _document_bias(doc_ids: torch.Tensor, chunk: int, c: int, dtype: torch.dtype
     return bias
 
 
-class _AllGatherDocumentAttention(torch.autograd.Function):
-    """Block-causal all-gather attention: each local query chunk attends, in one kernel call,
-    to the keys up to its end under the mask of same-document, not-later positions."""
+def _pieces(chunk: int, c: int, documents: bool) -> list[tuple[slice, bool]]:
+    """The kernel calls of chunk ``chunk``'s queries: ``(keys, causal)`` each.
 
+    Causal: a causal block over the chunk itself and, after the first chunk, a full block over
+    every chunk before it (merged through their log-sum-exp). Block-causal within ``documents``:
+    one call over the keys up to the chunk's end, under the document bias."""
+    if documents:
+        return [(slice(0, (chunk + 1) * c), False)]
+    pieces = [(slice(chunk * c, (chunk + 1) * c), True)]
+    if chunk > 0:
+        pieces.append((slice(0, chunk * c), False))
+    return pieces
+
+
+class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, doc_ids, group, cp, cp_rank):  # type: ignore[override]
         k_all, v_all = _gather_sequence(k, group, cp), _gather_sequence(v, group, cp)
         n_rep = q.shape[1] // k.shape[1]
         keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
-        c = q.shape[2] // 2
+        c = q.shape[2] // 2  # chunk length
         outs, lses, extras, biases = [], [], [], []
         for slot, chunk in enumerate(chunk_ids(cp, cp_rank)):
-            bias = _document_bias(doc_ids, chunk, c, q.dtype)
-            upto = slice(0, (chunk + 1) * c)
             q_c = q[:, :, slot * c : (slot + 1) * c]
-            out, lse, extra = _attention_forward(
-                q_c, keys[:, :, upto], values[:, :, upto], False, bias
-            )
-            outs.append(out)
-            lses.append(lse)
-            extras.append(extra)
-            biases.append(bias)
+            merged, slot_extras = None, []
+            bias = None if doc_ids is None else _document_bias(doc_ids, chunk, c, q.dtype)
+            for at, causal in _pieces(chunk, c, doc_ids is not None):
+                piece = _attention_forward(q_c, keys[:, :, at], values[:, :, at], causal, bias)
+                merged = piece[:2] if merged is None else _merge(*merged, *piece[:2])
+                slot_extras.append(piece[2])
+                biases.append(bias)
+            outs.append(merged[0])
+            lses.append(merged[1])
+            extras.append(slot_extras)
         out = torch.cat(outs, dim=2)
-        ctx.save_for_backward(q, k_all, v_all, out, torch.cat(lses, dim=2), *biases)
+        ctx.save_for_backward(q, k_all, v_all, out, torch.cat(lses, dim=2), doc_ids, *biases)
         ctx.extras, ctx.group, ctx.cp, ctx.cp_rank = extras, group, cp, cp_rank
         ctx.k_dtype = k.dtype
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k_all, v_all, out, lse, *biases = ctx.saved_tensors
+        q, k_all, v_all, out, lse, doc_ids, *biases = ctx.saved_tensors
         n_rep = q.shape[1] // k_all.shape[1]
         keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
         dq = torch.empty_like(q)
         dk = torch.zeros(keys.shape, dtype=torch.float32, device=q.device)
         dv = torch.zeros_like(dk)
         c = q.shape[2] // 2
+        biases_left = iter(biases)
         for slot, chunk in enumerate(chunk_ids(ctx.cp, ctx.cp_rank)):
-            mine, upto = slice(slot * c, (slot + 1) * c), slice(0, (chunk + 1) * c)
-            g_q, g_k, g_v = _attention_backward(
-                *(x[:, :, mine].contiguous() for x in (dout, q)),
-                keys[:, :, upto].contiguous(),
-                values[:, :, upto].contiguous(),
-                *(x[:, :, mine].contiguous() for x in (out, lse)),
-                False,
-                ctx.extras[slot],
-                biases[slot],
-            )
-            dq[:, :, mine] = g_q
-            dk[:, :, upto] += g_k.float()
-            dv[:, :, upto] += g_v.float()
+            mine = slice(slot * c, (slot + 1) * c)
+            # The fused backward kernels read out/lse/dout by raw pointer and assume the dense
+            # layout their forward wrote: a sequence slice of lse [B, H, L] is strided and would
+            # be read wrongly on CUDA, so every slice is made contiguous.
+            dout_c, q_c, out_c, lse_c = (x[:, :, mine].contiguous() for x in (dout, q, out, lse))
+            dq_c = torch.zeros(q_c.shape, dtype=torch.float32, device=q.device)
+            pieces = _pieces(chunk, c, doc_ids is not None)
+            for (at, causal), extra in zip(pieces, ctx.extras[slot]):
+                bias = next(biases_left)
+                g_q, g_k, g_v = _attention_backward(
+                    dout_c, q_c, keys[:, :, at].contiguous(), values[:, :, at].contiguous(),
+                    out_c, lse_c, causal, extra, bias,
+                )  # fmt: skip
+                dq_c += g_q.float()
+                dk[:, :, at] += g_k.float()
+                dv[:, :, at] += g_v.float()
+            dq[:, :, mine] = dq_c.to(q.dtype)
         if keys.shape[1] != k_all.shape[1]:  # repeated: each copy served one query head
             dk = dk.unflatten(1, (-1, n_rep)).sum(2)
             dv = dv.unflatten(1, (-1, n_rep)).sum(2)
@@ -327,9 +274,7 @@ def all_gather_attention(
     by ``torch.compile``.
     """
     cp, cp_rank = dist.get_world_size(group), dist.get_rank(group)
-    if doc_ids is not None:
-        return _AllGatherDocumentAttention.apply(q, k, v, doc_ids, group.group_name, cp, cp_rank)
-    return _AllGatherAttention.apply(q, k, v, group.group_name, cp, cp_rank)
+    return _AllGatherAttention.apply(q, k, v, doc_ids, group.group_name, cp, cp_rank)
 
 
 class ContextParallelAttention(nn.Module):
