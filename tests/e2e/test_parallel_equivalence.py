@@ -88,20 +88,21 @@ LAYOUTS = {
 }  # fmt: skip
 
 
-# Block-causal attention within packed documents, with each document's first token left
-# unpredicted (so micro-batches and ranks hold uneven numbers of valid labels, which the loss
-# must weigh by token): the layouts that split, shard or recompute attention or the loss.
+# Layouts run once, with block-causal attention and each document's first token left unpredicted
+# (so micro-batches and ranks hold uneven numbers of valid labels, which the loss must weigh by
+# token), against their own one-process baseline. How a layout shards, splits or recomputes the
+# model does not depend on the mask; the causal kernel runs in every layout left in LAYOUTS (CP's
+# causal path in its four CP layouts). GPipe is checked against one process by
+# tests/e2e/test_pipeline.py's worker, with every other schedule.
 BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal", "--training.mask_document_starts"]
+del LAYOUTS["pp2_gpipe"]
 BLOCK_CAUSAL_LAYOUTS = {
-    "ddp2": LAYOUTS["ddp2"],
-    "fsdp2": LAYOUTS["fsdp2"],
-    "tp2": LAYOUTS["tp2"],
-    "pp2_1f1b": LAYOUTS["pp2_1f1b"],
-    "cp2": LAYOUTS["cp2"],
-    "cp2_tp2_compile": LAYOUTS["cp2_tp2_compile"],
-    "compile": LAYOUTS["compile"],
-    "ac_op": LAYOUTS["ac_op"],
+    name: LAYOUTS.pop(name)
+    for name in ("ddp2", "fsdp2", "tp2", "pp2_1f1b", "cp2", "compile", "ac_op")
 }
+BLOCK_CAUSAL_LAYOUTS["cp2_tp2"] = (4, ["--parallelism.context_parallel_degree", "2",
+                                       "--parallelism.tensor_parallel_degree", "2",
+                                       "--training.local_batch_size", "8"])  # fmt: skip
 
 
 def _run(tmp_path, ngpu: int, extra: list[str]) -> tuple[dict[int, float], str]:
@@ -144,8 +145,9 @@ def _assert_matches(layout: str, losses: dict[int, float], baseline: dict[int, f
 @pytest.mark.parametrize("layout", list(BLOCK_CAUSAL_LAYOUTS))
 def test_block_causal_layout_matches_one_process(tmp_path, block_causal_baseline, layout):
     ngpu, extra = BLOCK_CAUSAL_LAYOUTS[layout]
-    losses, _ = _run(tmp_path, ngpu, [*extra, *BLOCK_CAUSAL])
+    losses, stdout = _run(tmp_path, ngpu, [*extra, *BLOCK_CAUSAL])
     _assert_matches(f"{layout} block_causal", losses, block_causal_baseline)
+    _check_logs(layout, stdout)
 
 
 @pytest.mark.slow
@@ -154,6 +156,10 @@ def test_layout_matches_one_process(tmp_path, baseline, layout):
     ngpu, extra = LAYOUTS[layout]
     losses, stdout = _run(tmp_path, ngpu, extra)
     _assert_matches(layout, losses, baseline)
+    _check_logs(layout, stdout)
+
+
+def _check_logs(layout: str, stdout: str) -> None:
     if layout == "compile":  # compile.components defaults to both
         assert "Compiled each transformer block" in stdout and "Compiled the loss" in stdout
     if layout == "cp2_tp2_compile":
