@@ -22,6 +22,7 @@ from torchtitan import builders, float8, runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.config_manager import JobConfig, help_text, parse_args, save_config
 from torchtitan.distributed import utils as dist_utils
+from torchtitan.distributed.expert_load import ExpertLoad
 from torchtitan.errors import TorchTitanError, another_rank_reported, report_user_error
 from torchtitan.guards import stop_if_diverged
 from torchtitan.log import add_log_file, init_logger, logger
@@ -125,6 +126,13 @@ class Loop:
     train_state: TrainState
 
     @cached_property
+    def expert_load(self) -> ExpertLoad:
+        """Mixture-of-experts load balancing and its metrics (empty for a dense model)."""
+        moe = self.job_config.moe
+        return ExpertLoad(self.parts, self.rt.plan.model_args.n_layers, tp=self.rt.dims.tp,
+                          coeff=moe.load_balance_coeff, aux_coeff=moe.aux_loss_coeff)  # fmt: skip
+
+    @cached_property
     def params(self) -> list[torch.nn.Parameter]:
         """This rank's parameters, listed once for gradient clipping."""
         return [p for m in self.parts for p in m.parameters()]
@@ -143,7 +151,8 @@ class Loop:
                 lr = self.optimizer_step(step)
                 if self.metrics.should_log(step) or step == t.steps:  # the last step always
                     loss = mean_over(loss, self.rt.dims.loss_mesh)
-                    self.metrics.log(step, loss, float(grad_norm), lr)
+                    moe = self.expert_load.metrics() if self.expert_load else {}
+                    self.metrics.log(step, loss, float(grad_norm), lr, extra=moe)
                 if self.validator is not None and self.validator.due(step):
                     self.metrics.log_validation(step, *self.validator.run())
                 self.checkpointer.maybe_save(step)
@@ -162,6 +171,8 @@ class Loop:
         batches = [next(data_iter) for _ in range(self.rt.plan.grad_accum_steps)]
         self.metrics.data_loading_times.append(time.perf_counter() - t0)
         self.runner.begin_step(batches)
+        if self.expert_load:
+            self.expert_load.begin_step(sum(len(b.inputs) for b in batches))
         loss = torch.zeros((), device=self.rt.device)
         for batch in batches:
             # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch
@@ -177,6 +188,8 @@ class Loop:
         """The update (after a background save has copied the weights it needs); the lr used."""
         self.checkpointer.wait_for_staging()
         self.optimizer.step()
+        if self.expert_load:  # the routing biases move with the step's load
+            self.expert_load.end_step()
         float8.after_optimizer_step(self.parts, self.job_config)
         lr = self.lr_scheduler.get_last_lr()[0]
         self.lr_scheduler.step()

@@ -28,6 +28,7 @@ from torchtitan.errors import ConfigError
 from torchtitan.float8 import apply_converters
 from torchtitan.job_plan import JobPlan, check_vocab, plan_job
 from torchtitan.log import logger
+from torchtitan.models.common.moe import inactive_params
 from torchtitan.step import StepRunner
 
 
@@ -165,8 +166,10 @@ def build_model(
     nparams, flops_per_token = spec.nparams_and_flops_fn(model, args, t.seq_len)
     m = job_config.model
     cut = f" cut to {m.n_layers} layers (model.n_layers)" if m.n_layers else ""
+    inactive = inactive_params(model)  # mixture of experts: a token uses top_k of them
+    active = f" ({nparams - inactive:,} active per token)" if inactive else ""
     logger.info(
-        f"Model {m.name} {m.flavor}{cut}: {nparams:,} parameters, {flops_per_token:,} training "
+        f"Model {m.name} {m.flavor}{cut}: {nparams:,} parameters{active}, {flops_per_token:,} training "
         f"FLOPs per token (seq_len {t.seq_len}), vocab {args.vocab_size}"
     )
     apply_converters(model, job_config)  # e.g. float8 linears, before any sharding

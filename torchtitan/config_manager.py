@@ -283,6 +283,22 @@ class Parallelism:
 
 
 @dataclass
+class Moe:
+    load_balance_coeff: float = opt(
+        1e-3,
+        "Auxiliary-loss-free load balancing: each step every MoE layer's expert bias moves this "
+        "much towards its under-loaded experts (DeepSeek-V3); 0 = off",
+        ge=0,
+    )
+    aux_loss_coeff: float = opt(
+        0.0, "Weight of the sequence-wise load-balancing loss added to the objective; 0 = off", ge=0
+    )
+    grouped_mm: bool = opt(
+        True, "Run the routed experts through torch._grouped_mm (False: one matmul per expert)"
+    )
+
+
+@dataclass
 class Checkpoint:
     enable: bool = opt(False, "Save checkpoints and resume from the newest complete one")
     folder: str = opt("checkpoint", "Checkpoint folder under job.dump_folder")
@@ -413,6 +429,7 @@ class JobConfig:
     training: Training = field(default_factory=Training)
     metrics: Metrics = field(default_factory=Metrics)
     parallelism: Parallelism = field(default_factory=Parallelism)
+    moe: Moe = field(default_factory=Moe)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)

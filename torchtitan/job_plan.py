@@ -153,11 +153,21 @@ def resolve_model_args(job_config: JobConfig) -> Any:
     """The flavor's model arguments with the ``model.*`` overrides applied."""
     m = job_config.model
     flavor = get_model_args(m.name, m.flavor)
+    changes: dict[str, Any] = {}
+    if getattr(flavor, "moe", None) is not None:  # how the run balances and runs its experts
+        e = job_config.moe
+        changes["moe"] = dataclasses.replace(
+            flavor.moe,
+            load_balance_coeff=e.load_balance_coeff,
+            aux_loss_coeff=e.aux_loss_coeff,
+            grouped_mm=e.grouped_mm,
+        )
     return dataclasses.replace(
         flavor,
         norm_type=m.norm_type,
         n_layers=m.n_layers or flavor.n_layers,
         attn_mask_type=m.attn_mask_type,
+        **changes,
     )
 
 

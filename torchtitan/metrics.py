@@ -95,7 +95,11 @@ class MetricsProcessor:
     def should_log(self, step: int) -> bool:
         return step == 1 or step % self.log_freq == 0
 
-    def log(self, step: int, loss: float, grad_norm: float, lr: float) -> dict[str, float]:
+    def log(
+        self, step: int, loss: float, grad_norm: float, lr: float, extra: dict | None = None
+    ) -> dict[str, float]:
+        """Print (rank 0) and write the step's numbers; ``extra``: more of them (the ``moe/``
+        load-balancing metrics get a console line of their own)."""
         elapsed = time.perf_counter() - self._last_log_time
         tps = self.ntokens_since_last_log / elapsed
         tflops = self.flops_per_token * tps / 1e12
@@ -114,6 +118,7 @@ class MetricsProcessor:
         }
         if mfu is not None:
             values["throughput/mfu_pct"] = mfu
+        values.update(extra or {})
         sources = self.data_tokens() if self.data_tokens is not None else {}
         if len(sources) > 1:  # a mixture: how much of the data each source has given so far
             values.update({f"data/tokens/{name}": float(n) for name, n in sources.items()})
@@ -121,6 +126,9 @@ class MetricsProcessor:
             self._print(step, values, mfu)
             if len(sources) > 1:
                 logger.info(_sources_line(sources))
+            moe = moe_console_line(values)
+            if moe is not None:
+                logger.info(moe)
         for sink in self.sinks:
             sink.write(values, step)
         self.ntokens_since_last_log = 0
@@ -159,6 +167,21 @@ class MetricsProcessor:
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+
+
+def moe_console_line(values: dict[str, Any]) -> str | None:
+    """``moe: load max/mean 1.41 (worst 1.87, layer 2)  aux loss 1.0312  expert bias |max|
+    0.0040``, or None without MoE metrics."""
+    if "moe/load_max_over_mean" not in values:
+        return None
+    line = (
+        f"moe: load max/mean {values['moe/load_max_over_mean']:.2f} "
+        f"(worst {values['moe/load_max_over_mean_worst']:.2f}, "
+        f"layer {int(values['moe/load_worst_layer'])})"
+    )
+    if "moe/aux_loss" in values:
+        line += f"  aux loss {values['moe/aux_loss']:.4f}"
+    return line + f"  expert bias |max| {values['moe/expert_bias_abs_max']:.4f}"
 
 
 def _sources_line(sources: dict[str, int]) -> str:

@@ -133,8 +133,9 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm residual block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``, with the
     family's ``attention`` (called ``attention(x, rope_cache, mask)``, with ``init_weights(std)``) and
-    a SwiGLU ``FeedForward`` of width ``hidden_dim``. ``args`` gives ``dim``, ``n_layers``,
-    ``norm_type``, ``norm_eps`` and ``depth_init``.
+    as ``ffn`` a SwiGLU ``feed_forward`` of width ``hidden_dim``, or, when ``args.moe`` (a
+    :class:`~torchtitan.models.common.moe.MoEArgs`) makes this layer a mixture-of-experts layer,
+    ``moe``. ``args`` gives ``dim``, ``n_layers``, ``norm_type``, ``norm_eps`` and ``depth_init``.
 
     Output-side projections (wo, w2) start with std ``0.02 / sqrt(2 * (layer_id + 1))``
     (``depth_init``) or ``0.02 / sqrt(2 * n_layers)``; the others 0.02; norms at one.
@@ -148,11 +149,22 @@ class TransformerBlock(nn.Module):
         self.attention_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
         self.attention = attention
         self.ffn_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, hidden_dim)
+        moe_args = getattr(args, "moe", None)
+        if moe_args is not None and moe_args.is_moe_layer(layer_id):
+            from torchtitan.models.common.moe import MoE  # moe imports this module
+
+            self.moe: nn.Module | None = MoE(args.dim, moe_args)
+            self.feed_forward: nn.Module | None = None
+        else:
+            self.moe, self.feed_forward = None, FeedForward(args.dim, hidden_dim)
+
+    @property
+    def ffn(self) -> nn.Module:
+        return self.moe if self.moe is not None else self.feed_forward
 
     def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, mask: Any = None) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), rope_cache, mask)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + self.ffn(self.ffn_norm(h))
 
     @property
     def init_std(self) -> float:
@@ -165,4 +177,4 @@ class TransformerBlock(nn.Module):
         self.attention_norm.reset_parameters()
         self.ffn_norm.reset_parameters()
         self.attention.init_weights(self.init_std)
-        self.feed_forward.init_weights(self.init_std)
+        self.ffn.init_weights(self.init_std)

@@ -29,6 +29,7 @@ from torch import nn
 
 from torchtitan.models.common.attention import ATTN_MASK_TYPES
 from torchtitan.models.common.blocks import trunc_normal_
+from torchtitan.models.common.moe import inactive_params
 from torchtitan.models.norms import NORM_TYPES
 
 
@@ -182,7 +183,9 @@ def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[in
 
       - ``N`` is the number of parameters used in matmuls: everything except the input embedding
         table (a lookup), with the output projection counted even when tied to the embedding
-        (it is a real ``dim x vocab`` matmul). RMSNorm scales are negligible and included.
+        (it is a real ``dim x vocab`` matmul). RMSNorm scales are negligible and included. In a
+        mixture-of-experts layer only the active parameters count: the router, the shared
+        experts and ``top_k / num_experts`` of the routed experts.
         ``6 = 2`` (multiply-add) ``x 3`` (forward, grad wrt input, grad wrt weight).
       - the attention term covers ``Q K^T`` and ``A V``: ``2 * 2 * T * w`` FLOPs per token and
         layer forward for full attention over query width ``w = n_heads * head_dim`` (``dim``
@@ -202,7 +205,8 @@ def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[in
     out_numel = output.weight.numel() if output is not None else 0
     tied = embedding is not None and output is not None and output.weight is embedding.weight
 
-    matmul_params = nparams - emb_numel + (out_numel if tied else 0)
+    # a mixture-of-experts layer's token runs through top_k of its experts only
+    matmul_params = nparams - emb_numel + (out_numel if tied else 0) - inactive_params(model)
     attention_width = args.n_heads * args.head_dim
     flops_per_token = 6 * matmul_params + 6 * args.n_layers * attention_width * seq_len
     return nparams, int(flops_per_token)

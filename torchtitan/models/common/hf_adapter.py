@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from torchtitan.errors import HFFormatError
+from torchtitan.log import logger
 from torchtitan.models.common.blocks import fuse_qkv, split_qkv
 
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -43,6 +44,9 @@ class HFStateDictAdapter(ABC):
     }
     #: Hugging Face tensors that are not weights (old exports carry the rotary table)
     ignored: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+    #: tensors inside a block that this library keeps and Hugging Face does not (an MoE layer's
+    #: load-balancing bias): an import starts them at zero, an export leaves them out
+    not_in_hf: ClassVar[tuple[str, ...]] = ()
     #: fused parameter inside a block -> the separate tensors it holds, in order
     fused: ClassVar[dict[str, tuple[str, ...]]] = {
         "attention.wqkv.weight": (
@@ -122,6 +126,10 @@ class HFStateDictAdapter(ABC):
                 return f"layers.{m.group(1)}.{inverse[m.group(2)]}"
         return None
 
+    def _not_in_hf(self, name: str) -> bool:
+        m = _LAYER_KEY.match(name)
+        return m is not None and m.group(2) in self.not_in_hf
+
     def _in_model(self, name: str) -> bool:
         """A parameter of the whole model (perhaps held by another pipeline stage)."""
         m = _LAYER_KEY.match(name)
@@ -179,6 +187,13 @@ class HFStateDictAdapter(ABC):
         for name, w in self.unfuse(state).items():
             if name == "output.weight" and self.args.tie_word_embeddings:
                 continue  # transformers ties lm_head to embed_tokens itself
+            if self._not_in_hf(name):
+                if w.count_nonzero():
+                    logger.warning(
+                        f"{name} is not zero, but a Hugging Face {self.model_type} model has no "
+                        "such tensor: the exported model routes without it"
+                    )
+                continue
             out[self.hf_name(name)] = self.tensor_to_hf(name, w).contiguous()
         return out
 
@@ -200,6 +215,9 @@ class HFStateDictAdapter(ABC):
                 continue
             fits = name in expected and tuple(w.shape) == tuple(expected[name])
             state[name] = self.tensor_from_hf(name, w) if fits else w
+        for name, shape in expected.items():
+            if self._not_in_hf(name):
+                state[name] = torch.zeros(shape)
         tied = self.args.tie_word_embeddings
         if tied and "output.weight" in expected and "output.weight" not in state:
             if "tok_embeddings.weight" in state:

@@ -1,0 +1,272 @@
+"""The mixture-of-experts feed-forward layer: math only, no parallelism.
+
+``MoE(x)``: a token-choice top-k router picks ``top_k`` of ``num_experts`` SwiGLU experts for each
+token; the experts' outputs, weighted by the router's scores, are summed, plus optional shared
+experts every token goes through. Dropless: every expert takes every token routed to it.
+
+* **Router.** ``gate`` (a bias-free ``dim -> num_experts`` linear), scores by softmax or sigmoid
+  in float32, top-k selection (on ``scores + expert_bias`` when the bias is used: the bias only
+  chooses, the weights stay the scores), optional renormalization of the top-k weights to sum to
+  one (``route_norm``) and a constant factor (``route_scale``). ``score_before_experts`` scales
+  an expert's *input* by its weight instead of its output (Llama 4).
+* **Routed experts** hold their weights stacked: ``w1``/``w3`` ``[E, hidden, dim]`` and ``w2``
+  ``[E, dim, hidden]`` (each expert's slice is an ``nn.Linear`` weight). Tokens are sorted by
+  expert and run through ``torch._grouped_mm`` (one kernel for all experts; float32 on CPU,
+  bfloat16 on H100), or a per-expert loop, the reference the tests compare it to.
+* **Load balancing without an auxiliary loss** (DeepSeek-V3, arXiv:2412.19437 section 2.1.2;
+  Wang et al., arXiv:2408.15664): the persistent buffer ``expert_bias [E]`` enters the top-k
+  choice only. The layer counts the tokens routed to each expert in ``tokens_per_expert``; the
+  trainer sums the counts over the step and the data-parallel ranks and moves the bias towards the
+  under-loaded experts (``torchtitan/distributed/expert_load.py``). Under activation
+  checkpointing the recomputed forward counts its tokens again: every count of the layer doubles,
+  which changes neither the sign-based update nor the max/mean load ratio.
+* **Auxiliary loss** (optional, sequence-wise as in DeepSeek-V3 eq. 17-20):
+  ``E * sum_i f_i * P_i`` per sequence, with ``f_i`` the fraction of the sequence's ``k * T``
+  choices that went to expert ``i`` and ``P_i`` its mean normalized score; 1 when the load is
+  uniform. Each sequence's value joins the training objective with weight ``aux_loss_scale`` (set
+  by the trainer: the coefficient over the step's sequences, so the objective gets the coefficient
+  times the mean over the global batch) through the backward pass of the layer's output
+  (:class:`_AddAuxLossGrad`): it needs no path to the loss and works the same under pipeline
+  parallelism. Being per sequence, it does not depend on how a batch is split into micro-batches
+  or data-parallel ranks (context parallelism, which splits the sequences, computes it over each
+  rank's part of them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchtitan.models.common.blocks import FeedForward, trunc_normal_
+
+__all__ = [
+    "MoEArgs",
+    "MoE",
+    "GroupedExperts",
+    "TokenChoiceRouter",
+    "SCORE_FUNCS",
+    "is_moe_layer",
+    "inactive_params",
+]
+
+SCORE_FUNCS = ("softmax", "sigmoid")
+
+
+@dataclass
+class MoEArgs:
+    """One MoE layer's hyper-parameters (``transformers`` names in brackets)."""
+
+    num_experts: int = 8  # num_experts / num_local_experts
+    top_k: int = 1  # num_experts_per_tok
+    hidden_dim: int = 1024  # moe_intermediate_size / intermediate_size: each expert's width
+    score_func: str = "softmax"  # "softmax" or "sigmoid"
+    route_norm: bool = False  # norm_topk_prob: the top-k weights renormalized to sum to one
+    route_scale: float = 1.0  # the top-k weights times this
+    score_before_experts: bool = False  # weight scales the expert's input (Llama 4), not output
+    shared_hidden_dim: int = 0  # the shared expert's SwiGLU width; 0: no shared expert
+    # layer i (from 0) is an MoE layer when (i + 1) % every == 0 (decoder_sparse_step /
+    # interleave_moe_layer_step); the others are dense with the family's own width
+    every: int = 1
+    # how a run trains, not an architecture setting (not in config.json, not compared):
+    # the expert-bias update rate per step (0: the bias stays zero), the auxiliary-loss
+    # coefficient (0: none) and the grouped-mm kernel (False: the per-expert loop)
+    load_balance_coeff: float = field(default=0.0, compare=False)
+    aux_loss_coeff: float = field(default=0.0, compare=False)
+    grouped_mm: bool = field(default=True, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.score_func not in SCORE_FUNCS:
+            raise ValueError(
+                f"score_func {self.score_func!r} is not one of: {', '.join(SCORE_FUNCS)}"
+            )
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) must be in 1..num_experts ({self.num_experts})")
+        if self.every < 1:
+            raise ValueError(f"every ({self.every}) must be at least 1")
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        return (layer_id + 1) % self.every == 0
+
+
+def is_moe_layer(module: nn.Module) -> bool:
+    """A module that routes tokens to experts (what the trainer's load balancing looks for)."""
+    return isinstance(module, MoE)
+
+
+def inactive_params(model: nn.Module) -> int:
+    """The routed-expert parameters a token does not use: ``(E - k) / E`` of each MoE layer's
+    experts (of the experts this module holds). Total minus this is the active parameter count."""
+    inactive = 0
+    for m in model.modules():
+        if isinstance(m, MoE):
+            held = sum(p.numel() for p in m.experts.parameters())
+            inactive += held * (m.num_experts - m.args.top_k) // m.num_experts
+    return inactive
+
+
+class TokenChoiceRouter(nn.Module):
+    """``(weights [N, k] float32, experts [N, k] int64, scores [N, E] float32)`` of ``x [N, dim]``."""
+
+    def __init__(self, dim: int, args: MoEArgs) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, args.num_experts, bias=False)
+        self.args = args
+
+    def forward(
+        self, x: torch.Tensor, expert_bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        a = self.args
+        logits = self.gate(x).float()
+        scores = logits.softmax(dim=-1) if a.score_func == "softmax" else logits.sigmoid()
+        if expert_bias is None:
+            weights, experts = scores.topk(a.top_k, dim=-1)
+        else:  # the bias chooses; the weights stay the scores
+            experts = (scores + expert_bias).topk(a.top_k, dim=-1).indices
+            weights = scores.gather(-1, experts)
+        if a.route_norm:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return weights * a.route_scale, experts, scores
+
+
+def _swiglu_grouped(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """All experts at once: ``x`` holds expert 0's rows, then expert 1's, ... (``counts``)."""
+    offs = counts.cumsum(0).to(torch.int32)
+    h = F.silu(torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs))
+    h = h * torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
+    return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
+
+
+def _swiglu_loop(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, counts: torch.Tensor
+) -> torch.Tensor:
+    """The reference: one expert after another (a host sync for the counts)."""
+    pieces = x.split(counts.tolist())
+    out = [(F.silu(p @ w1[e].T) * (p @ w3[e].T)) @ w2[e].T for e, p in enumerate(pieces)]
+    return torch.cat(out) if out else x.new_zeros(0, w2.shape[1])
+
+
+class GroupedExperts(nn.Module):
+    """``num_experts`` SwiGLU experts, weights stacked on dim 0: ``forward(x, counts)`` with the
+    rows of ``x`` sorted by expert and ``counts [E]`` rows per expert (the local experts' rows
+    only, when expert parallelism has sharded dim 0)."""
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int, grouped_mm: bool) -> None:
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.grouped_mm = grouped_mm
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        run = _swiglu_grouped if self.grouped_mm else _swiglu_loop
+        return run(x, _local(self.w1), _local(self.w2), _local(self.w3), counts)
+
+    def init_weights(self, init_std: float) -> None:
+        """w1/w3: truncated normal std 0.02; w2 (output side): the given std."""
+        for w, std in ((self.w1, 0.02), (self.w3, 0.02), (self.w2, init_std)):
+            trunc_normal_(w, std=std)
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    """A sharded parameter's local part (the experts this rank holds); a plain one as it is."""
+    return w.to_local() if hasattr(w, "to_local") else w
+
+
+class _AddAuxLossGrad(torch.autograd.Function):
+    """Identity on ``out``; its backward also sends ``scale`` as the gradient of ``aux``, so the
+    auxiliary loss joins the objective with weight ``scale`` without reaching the loss."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.aux_dtype = aux.dtype
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        aux_grad = torch.full((), ctx.scale, dtype=ctx.aux_dtype, device=grad.device)
+        return grad, aux_grad, None
+
+
+class MoE(nn.Module):
+    """The MoE feed-forward: ``forward(x [B, T, dim]) -> [B, T, dim]`` (see the module doc)."""
+
+    def __init__(self, dim: int, args: MoEArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.num_experts = args.num_experts
+        self.router = TokenChoiceRouter(dim, args)
+        self.experts = GroupedExperts(dim, args.hidden_dim, args.num_experts, args.grouped_mm)
+        self.shared_experts = (
+            FeedForward(dim, args.shared_hidden_dim) if args.shared_hidden_dim > 0 else None
+        )
+        # persistent: the routing a checkpoint resumes with; zero unless load balancing moves it
+        self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
+        # the tokens routed to each expert, and the auxiliary loss's sum over sequences and the
+        # sequences, since the trainer last read them (not saved)
+        self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts), persistent=False)
+        self.register_buffer("aux_loss_sum", torch.zeros(2), persistent=False)
+        # the weight of each sequence's auxiliary loss in the objective (set by the trainer: the
+        # coefficient over the sequences of a step)
+        self.aux_loss_scale = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bsz, seq_len, dim = x.shape
+        flat = x.reshape(-1, dim)
+        bias = self.expert_bias if self.args.load_balance_coeff > 0 else None
+        weights, experts, scores = self.router(flat, bias)
+        counts = torch.histc(experts.float(), bins=self.num_experts, min=0, max=self.num_experts)
+        with torch.no_grad():
+            self.tokens_per_expert.add_(counts)
+        out = self.routed(flat, weights, experts, counts)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        out = out.reshape(bsz, seq_len, dim)
+        if self.args.aux_loss_coeff > 0 and self.training:
+            aux = self.aux_loss(scores.view(bsz, seq_len, -1), experts.view(bsz, seq_len, -1))
+            with torch.no_grad():
+                self.aux_loss_sum.add_(torch.stack((aux.detach().sum(), aux.new_tensor(bsz))))
+            if torch.is_grad_enabled() and self.aux_loss_scale:
+                out = _AddAuxLossGrad.apply(out, aux.sum(), self.aux_loss_scale)
+        return out
+
+    def routed(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
+        """The routed experts' weighted sum for each row of ``x [N, dim]``: the ``N * k`` choices
+        sorted by expert, gathered, run, scaled by their weights and added back to their rows."""
+        order = experts.flatten().argsort(stable=True)
+        rows = order // self.args.top_k
+        w = weights.flatten()[order].unsqueeze(-1)
+        routed_in = x[rows]
+        if self.args.score_before_experts:
+            routed_in = (routed_in.float() * w).to(x.dtype)
+        routed_out = self.experts(routed_in, counts.to(torch.int64))
+        if not self.args.score_before_experts:
+            routed_out = (routed_out.float() * w).to(x.dtype)
+        return torch.zeros_like(x).index_add(0, rows, routed_out)
+
+    def aux_loss(self, scores: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """The balance loss of each sequence ``[B]``: ``scores [B, T, E]``, ``experts [B, T, k]``."""
+        n_experts, top_k, seq_len = self.num_experts, experts.shape[-1], experts.shape[1]
+        probs = scores / scores.sum(dim=-1, keepdim=True)  # sigmoid scores normalized per token
+        chosen = F.one_hot(experts, n_experts).sum(dim=(1, 2)).float()  # [B, E]
+        load = chosen * n_experts / (top_k * seq_len)
+        return (load * probs.mean(dim=1)).sum(dim=-1)
+
+    def init_weights(self, init_std: float) -> None:
+        """Router: truncated normal std 0.02; experts as :class:`GroupedExperts`; shared expert
+        as :class:`FeedForward`; the bias and counters to zero."""
+        trunc_normal_(self.router.gate.weight, std=0.02)
+        self.experts.init_weights(init_std)
+        if self.shared_experts is not None:
+            self.shared_experts.init_weights(init_std)
+        for buf in (self.expert_bias, self.tokens_per_expert, self.aux_loss_sum):
+            if not buf.is_meta:
+                buf.zero_()
