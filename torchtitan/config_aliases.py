@@ -172,7 +172,7 @@ _ROTATE = Alias(
     why="context parallel here all-gathers K/V; use 'allgather'",
     note="the all-gather method is the one built here",
 )
-_MOE = "needs a mixture-of-experts model, which this version does not have yet"
+_MOE = "is not supported here (the router always chooses by its scores)"
 
 ALIASES: dict[str, Alias] = {
     # [job]
@@ -298,12 +298,8 @@ ALIASES: dict[str, Alias] = {
         note="head-and-tail balancing is the one built here",
     ),
     "parallelism.enable_compiled_autograd": _NO_COMPILED_AUTOGRAD,
-    "parallelism.expert_parallel_degree": _refuse(int, (1,), f"expert parallel {_MOE}; use 1"),
-    "parallelism.expert_tensor_parallel_degree": _refuse(
-        int, (1,), f"expert tensor parallel {_MOE}; use 1"
-    ),
     "parallelism.expert_parallel_comm_backend": _refuse(
-        str, ("standard",), f"it {_MOE}; use 'standard'"
+        str, ("standard",), "DeepEP kernels are not built here; all-to-all is 'standard'"
     ),
     # [optimizer]
     "optimizer.fused": Alias(
@@ -340,7 +336,7 @@ ALIASES: dict[str, Alias] = {
     "quantize.linear.float8.emulate": _rename("float8.emulate"),
     # [activation_checkpoint]: late-2025 knobs of modes and policies not built here
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns": _ignored(
-        list, "mixture-of-experts router matmuls; no effect on the dense models here"
+        list, "mixture-of-experts router matmuls; the op policy here treats them like any matmul"
     ),
     "activation_checkpoint.early_stop": _refuse(bool, (False,), "not supported here; use false"),
     "activation_checkpoint.preserve_rng_state": _refuse(

@@ -260,6 +260,17 @@ class Parallelism:
     context_parallel_degree: int = opt(
         1, "Context parallel degree: ranks that split each sequence (all-gather attention)", ge=1
     )
+    expert_parallel_degree: int = opt(
+        1,
+        "Expert parallel degree: ranks of data_parallel_shard x context_parallel that split each "
+        "MoE layer's experts (tokens go to their experts by all-to-all)",
+        ge=1,
+    )
+    expert_tensor_parallel_degree: int = opt(
+        -1,
+        "Tensor parallel degree of the routed experts: -1 = tensor_parallel_degree (the only "
+        "value supported; 1 without tensor parallel)",
+    )
     disable_loss_parallel: bool = opt(
         False, "Gather logits before the loss instead of a vocab-parallel loss"
     )

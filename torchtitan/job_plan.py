@@ -99,6 +99,8 @@ def _dims(job_config: JobConfig, world_size: int) -> ParallelDims:
         tp=p.tensor_parallel_degree,
         pp=p.pipeline_parallel_degree,
         world_size=world_size,
+        ep=p.expert_parallel_degree,
+        etp=p.expert_tensor_parallel_degree,
     )
 
 
@@ -172,6 +174,17 @@ def resolve_model_args(job_config: JobConfig) -> Any:
 
 
 def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
+    moe = getattr(args, "moe", None)
+    if dims.ep > 1 and moe is None:
+        raise ConfigError(
+            f"parallelism.expert_parallel_degree: {dims.ep}, but this model has no experts; "
+            "use 1 (or a mixture-of-experts model)"
+        )
+    if moe is not None and moe.num_experts % dims.ep:
+        raise ConfigError(
+            f"parallelism.expert_parallel_degree: {dims.ep} does not divide the model's "
+            f"{moe.num_experts} experts; use a divisor of it"
+        )
     key = "parallelism.tensor_parallel_degree"
     sizes = (("n_heads", args.n_heads), ("n_kv_heads", args.n_kv_heads), ("dim", args.dim))
     for what, n in sizes + (("feed-forward hidden size", args.ffn_hidden_dim()),):

@@ -199,15 +199,15 @@ def test_precedence_holds_through_aliases(tmp_path):
 def test_refused_values_of_features_not_built_say_why(tmp_path):
     path = _file(
         tmp_path,
-        "[parallelism]\nexpert_parallel_degree = 4\n"
+        "[parallelism]\nexpert_parallel_comm_backend = 'deepep'\n"
         "[training]\nenable_cpu_offload = true\nfp8_linear = 'delayed'\n",
     )
     with pytest.raises(ConfigError) as e:
         parse_args(["--job.config_file", path])
     lines = str(e.value).splitlines()
     assert len(lines) == 3
-    assert f"{path}: parallelism.expert_parallel_degree: 4: expert parallel needs a " in lines[0]
-    assert "mixture-of-experts" in lines[0] and lines[0].endswith("use 1")
+    assert f"{path}: parallelism.expert_parallel_comm_backend: 'deepep': DeepEP " in lines[0]
+    assert lines[0].endswith("all-to-all is 'standard'")
     assert "training.enable_cpu_offload: True: FSDP CPU offload is not supported" in lines[1]
     assert "training.fp8_linear: 'delayed': 2024's fp8_linear takes" in lines[2]
 

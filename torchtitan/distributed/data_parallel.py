@@ -27,7 +27,13 @@ def apply_fsdp(
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,
     reshard_after_forward: str,
+    experts_mesh: DeviceMesh | None = None,
+    experts_divide_factor: int = 1,
 ) -> None:
+    """``fully_shard`` per block and at the root over ``dp_mesh``. Under expert parallelism
+    (``experts_mesh``: the experts' FSDP mesh) each MoE layer's routed experts are sharded by
+    their own ``fully_shard`` over that mesh, their summed gradients divided by
+    ``experts_divide_factor`` (every rank that averages gradients: see expert_parallel.py)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
@@ -36,6 +42,14 @@ def apply_fsdp(
             reshard = i < len(blocks) - 1
         else:
             reshard = reshard_after_forward == "always"
+        moe = getattr(block, "moe", None)
+        if experts_mesh is not None and moe is not None:
+            experts = fully_shard(
+                moe.experts, mesh=experts_mesh, mp_policy=mp, reshard_after_forward=reshard
+            )
+            experts.set_gradient_divide_factor(experts_divide_factor)
+            # sum, then divide: gloo has no pre-multiplied sum (NCCL's way to divide)
+            experts.set_force_sum_reduction_for_comms(True)
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(
         model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward == "always"

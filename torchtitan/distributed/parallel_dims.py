@@ -23,6 +23,8 @@ _KEYS = {
     "tp": "parallelism.tensor_parallel_degree",
     "pp": "parallelism.pipeline_parallel_degree",
 }
+_EP = "parallelism.expert_parallel_degree"
+_ETP = "parallelism.expert_tensor_parallel_degree"
 
 
 @dataclass
@@ -33,7 +35,12 @@ class ParallelDims:
     tp: int
     pp: int
     world_size: int
+    # expert parallel: the ranks of dp_shard x cp that split an MoE layer's experts; the experts
+    # are tensor parallel over etp ranks (-1 or tp: the tensor-parallel ranks; 1 without TP)
+    ep: int = 1
+    etp: int = -1
     mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
+    expert_mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "cp", "tp", "pp"):
@@ -54,6 +61,27 @@ class ParallelDims:
             raise ConfigError(
                 f"{self._blame()}: {self._product()}, but the world size is {self.world_size}; make the product equal the number of processes"
             )
+        self._check_expert_parallel()
+
+    def _check_expert_parallel(self) -> None:
+        """EP borrows ranks from ``dp_shard x cp`` (as upstream torchtitan does); the experts are
+        tensor parallel exactly when the rest of the model is."""
+        if self.ep < 1:
+            raise ConfigError(f"{_EP}: {self.ep} must be >= 1")
+        borrowed = self.dp_shard * self.cp
+        if borrowed % self.ep:
+            raise ConfigError(
+                f"{_EP}: {self.ep} must divide data_parallel_shard_degree x "
+                f"context_parallel_degree = {self.dp_shard} x {self.cp} = {borrowed} (expert "
+                "parallel borrows those ranks); use a divisor of it"
+            )
+        if self.etp == -1:
+            self.etp = self.tp
+        if self.etp != self.tp:
+            raise ConfigError(
+                f"{_ETP}: {self.etp} is not supported with tensor_parallel_degree {self.tp}; the "
+                f"experts are split like the dense layers: use {self.tp} (or -1)"
+            )
 
     def _product(self) -> str:
         """The degrees above 1: ``3``, or ``name=value x ... = product`` for several."""
@@ -72,7 +100,8 @@ class ParallelDims:
         return _KEYS[max(raised, key=lambda n: getattr(self, n))] if raised else "parallelism"
 
     def layout(self) -> str:
-        return f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} tp={self.tp} pp={self.pp}"
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        return f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} tp={self.tp} pp={self.pp}{ep}"
 
     @property
     def dp(self) -> int:
@@ -127,7 +156,33 @@ class ParallelDims:
                 mesh[group]._flatten(mesh_dim_name=name)
                 self._flat_names[group] = name
         self.mesh = mesh
+        if self.ep > 1:
+            self.expert_mesh = self._build_expert_mesh(device_type)
         return mesh
+
+    def _build_expert_mesh(self, device_type: str) -> DeviceMesh:
+        """The same ranks laid out for the routed experts: ``dp_shard x cp`` (cp inner) split into
+        ``efsdp x ep``, so that an EP group is ``ep`` consecutive ranks of it and the experts'
+        FSDP shards over ``efsdp`` (with ``dp_replicate`` for HSDP). Size-1 dims are kept, so the
+        names are always there."""
+        sizes = (
+            ("pp", self.pp),
+            ("dp_replicate", self.dp_replicate),
+            ("efsdp", self.dp_shard * self.cp // self.ep),
+            ("ep", self.ep),
+            ("tp", self.tp),
+        )
+        return init_device_mesh(
+            device_type, tuple(d for _, d in sizes), mesh_dim_names=tuple(n for n, _ in sizes)
+        )
+
+    @property
+    def expert_fsdp_mesh(self) -> DeviceMesh:
+        """The routed experts' FSDP mesh: ``efsdp``, with ``dp_replicate`` in front for HSDP."""
+        assert self.expert_mesh is not None
+        if not self.dp_replicate_enabled:
+            return self.expert_mesh["efsdp"]
+        return self.expert_mesh[("dp_replicate", "efsdp")]
 
     def _submesh(self, group: tuple[str, ...]) -> DeviceMesh | None:
         """The (flattened) sub-mesh over the enabled dims of ``group``; None if there are none."""

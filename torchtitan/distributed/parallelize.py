@@ -1,6 +1,7 @@
 """Apply parallelisms to a decoder (or a pipeline stage of one) without touching its math.
 
-Order, each step optional: tensor parallel (the family's block plan, sequence parallel on the
+Order, each step optional: expert parallel (each MoE layer's routed experts split over the EP
+ranks, tokens dispatched by all-to-all) -> tensor parallel (the family's block plan, sequence parallel on the
 norms, torchao's float8 styles for float8 linears and, unless
 ``parallelism.disable_loss_parallel``, a vocab-parallel loss) -> context parallel (attention over
 the sequence split across ranks) -> activation checkpointing -> ``torch.compile`` per block ->
@@ -17,12 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.nn as nn
+from torch.distributed.tensor.parallel import parallelize_module
 
 from torchtitan import float8
 from torchtitan.config_manager import JobConfig
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.context_parallel import apply_cp
 from torchtitan.distributed.data_parallel import DTYPES, apply_ddp, apply_fsdp, param_dtype
+from torchtitan.distributed.expert_parallel import ExpertParallel
 from torchtitan.distributed.loss_parallel import uses_loss_parallel
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.tensor_parallel import apply_tp
@@ -39,6 +42,9 @@ def parallelize_decoder(
 ) -> nn.Module:
     """``block_plan(styles)``: the family's tensor-parallel styles of one block (see
     :func:`~torchtitan.distributed.tensor_parallel.apply_tp`)."""
+    if dims.ep > 1:  # before TP: the experts' weights get their EP and TP shards at once
+        apply_ep(model, dims)
+        logger.info(f"Applied expert parallel (ep={dims.ep}): all-to-all token dispatch")
     if dims.tp > 1:
         apply_tp(
             model,
@@ -66,7 +72,8 @@ def parallelize_decoder(
         )
     if job_config.compile.compiles("model"):
         for block in model.layers.values():
-            block.compile(fullgraph=True)
+            # the expert-parallel all-to-alls need host splits: graph breaks around them
+            block.compile(fullgraph=dims.ep == 1 or getattr(block, "moe", None) is None)
         logger.info("Compiled each transformer block with torch.compile")
     if dims.fsdp_enabled:
         reshard = job_config.parallelism.fsdp_reshard_after_forward
@@ -80,9 +87,20 @@ def parallelize_decoder(
             param_dtype=param_dtype(job_config, device_type),
             reduce_dtype=DTYPES[job_config.training.mixed_precision_reduce],
             reshard_after_forward=reshard,
+            experts_mesh=dims.expert_fsdp_mesh if dims.ep > 1 else None,
+            experts_divide_factor=dims.dp_replicate * dims.dp_shard * dims.cp,
         )
         logger.info(f"Applied {'HSDP' if dims.dp_replicate_enabled else 'FSDP'} to the model")
     elif dims.dp_replicate_enabled:
         apply_ddp(model, dims.sub("dp_replicate"))
         logger.info("Applied DDP to the model")
     return model
+
+
+def apply_ep(model: nn.Module, dims: ParallelDims) -> None:
+    """Each MoE layer's routed experts over the EP ranks (and their hidden dim over the TP ranks:
+    the same shards tensor parallel gives them without EP)."""
+    mesh = dims.expert_mesh["ep"] if dims.tp == 1 else dims.expert_mesh[("ep", "tp")]
+    for block in model.layers.values():
+        if getattr(block, "moe", None) is not None:
+            parallelize_module(block.moe.experts, mesh, ExpertParallel())

@@ -13,10 +13,19 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -147,6 +156,17 @@ def decoder_block_plan(styles: BlockStyles) -> dict[str, Any]:
         "attention.wqkv": styles.colwise("attention.wqkv"),
         "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
+        **(
+            moe_plan(styles)
+            if getattr(styles.block, "moe", None) is not None
+            else feed_forward_plan(styles)
+        ),
+    }
+
+
+def feed_forward_plan(styles: BlockStyles) -> dict[str, Any]:
+    """A dense SwiGLU ``feed_forward``: column-wise w1/w3, row-wise w2 back to ``Shard(1)``."""
+    return {
         "feed_forward": styles.prepare_input(
             "feed_forward",
             ("w1", "w3"),
@@ -157,3 +177,57 @@ def decoder_block_plan(styles: BlockStyles) -> dict[str, Any]:
         "feed_forward.w2": styles.rowwise("feed_forward.w2", output_layouts=Shard(1)),
         "feed_forward.w3": styles.colwise("feed_forward.w3"),
     }
+
+
+def moe_plan(styles: BlockStyles) -> dict[str, Any]:
+    """A mixture-of-experts ``moe`` (``models/common/moe.py``), experts split like a SwiGLU:
+    the layer's input is all-gathered (every rank routes all the tokens of the sequence, with
+    the router's weight replicated: the same choices, counts and gradients everywhere), each
+    rank holds every expert's slice of the hidden width (``w1``/``w3`` sharded on dim 1, ``w2`` on
+    dim 2) and the shared expert's, and the routed and shared outputs, partial sums over those
+    slices, are added and reduce-scattered back to ``Shard(1)`` once. Float8 does not apply to
+    the experts (grouped matmuls)."""
+    plan: dict[str, Any] = {
+        "moe": PrepareModuleInputOutput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+            use_local_input=True,
+            output_layouts=(Partial(),),
+            desired_output_layouts=(Shard(1),),
+        ),
+        "moe.router.gate": ReplicateParameters(),
+    }
+    if not isinstance(styles.block.moe.experts.w1, DTensor):  # expert parallel shards them itself
+        plan["moe.experts"] = ShardParameters({"w1": 1, "w3": 1, "w2": 2})
+    if styles.block.moe.shared_experts is not None:
+        plan |= {
+            "moe.shared_experts.w1": ColwiseParallel(input_layouts=Replicate()),
+            "moe.shared_experts.w3": ColwiseParallel(input_layouts=Replicate()),
+            "moe.shared_experts.w2": RowwiseParallel(output_layouts=Partial()),
+        }
+    return plan
+
+
+class ShardParameters(ParallelStyle):
+    """The module's parameters as DTensors sharded on the given dims (``{name: dim}``); the
+    module computes with their local parts itself (inputs and outputs are left alone)."""
+
+    def __init__(self, dims: dict[str, int]) -> None:
+        super().__init__()
+        self.dims = dims
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
+            for pname, dim in self.dims.items():
+                param = nn.Parameter(distribute_tensor(getattr(mod, pname), mesh, [Shard(dim)]))
+                mod.register_parameter(pname, param)
+
+        return distribute_module(module, device_mesh, partition)
+
+
+class ReplicateParameters(ParallelStyle):
+    """The module's parameters as replicated DTensors (so FSDP x TP sees every parameter on the
+    TP mesh); the module computes with their local copies itself."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh)

@@ -111,14 +111,26 @@ def clip_grad_norm_(
 ) -> torch.Tensor:
     """Clip by the global L2 norm over all parameters, whether plain, DTensor or pipeline-split.
 
-    DTensor gradients (FSDP, TP) give their global norm through ``full_tensor()``; with pipeline
-    parallelism each rank holds other parameters, so squared norms are summed over ``pp_group``.
+    DTensor gradients (FSDP, TP) give their global norm through ``full_tensor()``, one group of
+    gradients on the same mesh at a time (expert parallelism puts the routed experts on a mesh of
+    their own); with pipeline parallelism each rank holds other parameters, so squared norms are
+    summed over ``pp_group``.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    total = full_tensor(torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True))
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    norms = [
+        full_tensor(
+            torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=2.0, foreach=True)
+        )
+        for group in (groups.values() or [[]])
+    ]
+    total = torch.stack(norms).square().sum().sqrt() if len(norms) > 1 else norms[0]
     if pp_group is not None:
         squared = total**2
         dist.all_reduce(squared, group=pp_group)
         total = squared.sqrt()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total

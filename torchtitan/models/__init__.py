@@ -1,3 +1,3 @@
 """Built-in model families; importing this package registers their train specs."""
 
-from torchtitan.models import llama, qwen3, qwen3_moe  # noqa: F401
+from torchtitan.models import llama, llama4, qwen3, qwen3_moe  # noqa: F401

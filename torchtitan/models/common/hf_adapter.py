@@ -213,8 +213,10 @@ class HFStateDictAdapter(ABC):
                 if not any(part in hf for part in self.ignored):
                     unexpected.append(hf)
                 continue
-            fits = name in expected and tuple(w.shape) == tuple(expected[name])
-            state[name] = self.tensor_from_hf(name, w) if fits else w
+            try:  # a misshapen tensor is kept as it is, for the error below
+                state[name] = self.tensor_from_hf(name, w) if name in expected else w
+            except (RuntimeError, ValueError, IndexError):
+                state[name] = w
         for name, shape in expected.items():
             if self._not_in_hf(name):
                 state[name] = torch.zeros(shape)

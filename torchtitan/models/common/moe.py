@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from torchtitan.models.common.blocks import FeedForward, trunc_normal_
 
@@ -120,7 +121,7 @@ class TokenChoiceRouter(nn.Module):
         self, x: torch.Tensor, expert_bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         a = self.args
-        logits = self.gate(x).float()
+        logits = F.linear(x, _local(self.gate.weight)).float()
         scores = logits.softmax(dim=-1) if a.score_func == "softmax" else logits.sigmoid()
         if expert_bias is None:
             weights, experts = scores.topk(a.top_k, dim=-1)
@@ -132,14 +133,57 @@ class TokenChoiceRouter(nn.Module):
         return weights * a.route_scale, experts, scores
 
 
+@torch.library.custom_op("torchtitan::grouped_mm", mutates_args=())
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``x [N, K]`` (rows of group ``g`` end at ``offs[g]``) times ``w[g] [K, M]``: ``[N, M]``.
+
+    ``torch._grouped_mm`` as an op of its own, so that ``torch.compile`` takes it whole: its
+    fake (shape-only) implementation in torch 2.13 accepts only bfloat16, while the CPU kernel
+    computes float32 too. The backward is two more grouped matmuls."""
+    return torch._grouped_mm(x, w, offs=offs)
+
+
+@grouped_mm.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[-1])
+
+
+@torch.library.custom_op("torchtitan::grouped_mm_weight_grad", mutates_args=())
+def grouped_mm_weight_grad(x: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """The weight gradient of :func:`grouped_mm`: ``x[rows of g].T @ grad[rows of g]``, ``[G, K, M]``
+    (zero for a group without rows)."""
+    return torch._grouped_mm(x.t(), grad, offs=offs)
+
+
+@grouped_mm_weight_grad.register_fake
+def _(x: torch.Tensor, grad: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(offs.shape[0], x.shape[1], grad.shape[1])
+
+
+def _grouped_mm_setup(ctx: Any, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _grouped_mm_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    x, w, offs = ctx.saved_tensors
+    grad = grad.contiguous()  # the kernel refuses broadcast (zero-stride) gradients
+    gx = grouped_mm(grad, w.transpose(-2, -1), offs) if ctx.needs_input_grad[0] else None
+    gw = grouped_mm_weight_grad(x, grad, offs) if ctx.needs_input_grad[1] else None
+    return gx, gw, None
+
+
+grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
+
+
 def _swiglu_grouped(
     x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, counts: torch.Tensor
 ) -> torch.Tensor:
     """All experts at once: ``x`` holds expert 0's rows, then expert 1's, ... (``counts``)."""
     offs = counts.cumsum(0).to(torch.int32)
-    h = F.silu(torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs))
-    h = h * torch._grouped_mm(x, w3.transpose(-2, -1), offs=offs)
-    return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
+    h = F.silu(grouped_mm(x, w1.transpose(-2, -1), offs)) * grouped_mm(
+        x, w3.transpose(-2, -1), offs
+    )
+    return grouped_mm(h, w2.transpose(-2, -1), offs)
 
 
 def _swiglu_loop(
@@ -174,8 +218,10 @@ class GroupedExperts(nn.Module):
 
 
 def _local(w: torch.Tensor) -> torch.Tensor:
-    """A sharded parameter's local part (the experts this rank holds); a plain one as it is."""
-    return w.to_local() if hasattr(w, "to_local") else w
+    """A sharded parameter's local part (the experts this rank holds, their slice of the hidden
+    width); a plain one as it is. The layer computes on local tensors: which rows reach which
+    expert is data-dependent, beyond what DTensor can describe."""
+    return w.to_local() if isinstance(w, DTensor) else w
 
 
 class _AddAuxLossGrad(torch.autograd.Function):
