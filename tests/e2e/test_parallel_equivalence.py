@@ -100,8 +100,7 @@ LAYOUTS = {
 BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal", "--training.mask_document_starts"]
 del LAYOUTS["pp2_gpipe"], LAYOUTS["compile"]
 BLOCK_CAUSAL_LAYOUTS = {
-    name: LAYOUTS.pop(name)
-    for name in ("ddp2", "fsdp2", "tp2", "pp2_1f1b", "cp2", "ac_op")
+    name: LAYOUTS.pop(name) for name in ("ddp2", "fsdp2", "tp2", "pp2_1f1b", "cp2", "ac_op")
 }
 BLOCK_CAUSAL_LAYOUTS["cp2_tp2"] = (4, ["--parallelism.context_parallel_degree", "2",
                                        "--parallelism.tensor_parallel_degree", "2",
