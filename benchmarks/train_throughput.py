@@ -5,9 +5,11 @@
 
 Each setting is a name and the ``--section.key value`` overrides it adds, e.g.
 ``--setting "compile=--compile.enable"`` or ``--setting "ac full=--activation_checkpoint.mode full"``
-(``NAME=`` alone is the config as it is). Every setting runs ``./run_llama_train.sh`` (torchrun,
-``NGPU`` processes) in a fresh dump folder with TensorBoard on and ``metrics.log_freq 1``, then the
-table is built from rank 0's TensorBoard events of the steps after ``--warmup``:
+(``NAME=`` alone is the config as it is; ``--ngpu N`` among the overrides gives that setting
+its own process count, e.g. ``--setting "fsdp2=--ngpu 2"``). Every setting runs
+``./run_llama_train.sh`` (torchrun, ``NGPU`` processes) in a fresh dump folder with TensorBoard
+on and ``metrics.log_freq 1``, then the table is built from rank 0's TensorBoard events of the
+steps after ``--warmup``:
 
 * step time: the median gap between consecutive steps' event wall times (the whole loop,
   logging included);
@@ -48,20 +50,20 @@ def main() -> int:
     extra = [x for x in extra if x != "--"]
     if a.warmup + 2 > a.steps:
         parser.error(f"--steps {a.steps} must exceed --warmup {a.warmup} by at least 2")
-    settings = [_parse_setting(s, parser) for s in (a.setting or ["default="])]
+    settings = [_parse_setting(s, parser, a.ngpu) for s in (a.setting or ["default="])]
     rows = []
     with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
         base = Path(a.keep or tmp)
-        for i, (name, overrides) in enumerate(settings):
+        for i, (name, overrides, ngpu) in enumerate(settings):
             dump = base / f"run{i}"
             args = [*extra, *overrides, "--training.steps", str(a.steps),
                     "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "true",
                     "--metrics.save_tb_folder", "tb", "--job.dump_folder", str(dump)]  # fmt: skip
-            rc, tail = _run(a.config, a.ngpu, args)
+            rc, tail = _run(a.config, ngpu, args)
             if rc != 0:
-                rows.append({"setting": name, "error": tail})
+                rows.append({"setting": name, "ngpu": ngpu, "error": tail})
                 continue
-            rows.append({"setting": name, **summarize(dump, a.warmup)})
+            rows.append({"setting": name, "ngpu": ngpu, **summarize(dump, a.warmup)})
     compare_to_first(rows)
     if a.json:
         print(json.dumps({"config": a.config, "ngpu": a.ngpu, "rows": rows}))
@@ -70,11 +72,19 @@ def main() -> int:
     return 1 if any("error" in r for r in rows) else 0
 
 
-def _parse_setting(text: str, parser) -> tuple[str, list[str]]:
+def _parse_setting(text: str, parser, ngpu: int) -> tuple[str, list[str], int]:
+    """(name, overrides, processes): ``--ngpu N`` in the overrides is the setting's own count."""
     if "=" not in text:
         parser.error(f"--setting {text!r}: give NAME=OVERRIDES, e.g. 'compile=--compile.enable'")
     name, overrides = text.split("=", 1)
-    return name.strip(), shlex.split(overrides)
+    args = shlex.split(overrides)
+    if "--ngpu" in args:
+        i = args.index("--ngpu")
+        if i + 1 == len(args) or not args[i + 1].isdigit() or int(args[i + 1]) < 1:
+            parser.error(f"--setting {text!r}: --ngpu needs a process count >= 1")
+        ngpu = int(args[i + 1])
+        del args[i : i + 2]
+    return name.strip(), args, ngpu
 
 
 def _run(config: str, ngpu: int, args: list[str]) -> tuple[int, str]:
@@ -136,8 +146,14 @@ def compare_to_first(rows: list[dict]) -> None:
 def format_table(rows: list[dict], config: str, ngpu: int, steps: int, warmup: int) -> str:
     head = (f"{'setting':24} {'tokens/s/dev':>13} {'TFLOPs/dev':>11} {'MFU':>7} "
             f"{'peak GiB':>9} {'step s':>8} {'loss':>7} {'speed':>6} {'loss gap':>9}")  # fmt: skip
-    lines = [f"{config}, {ngpu} process(es), steps {warmup + 1}-{steps} measured", head]
+    counts = sorted({r.get("ngpu", ngpu) for r in rows})
+    procs = f"{ngpu} process(es)"
+    if counts != [ngpu]:
+        procs = "/".join(map(str, counts)) + " processes (per setting: [N])"
+    lines = [f"{config}, {procs}, steps {warmup + 1}-{steps} measured", head]
     for r in rows:
+        if counts != [ngpu]:  # settings with their own process counts say theirs
+            r = {**r, "setting": f"{r['setting']} [{r['ngpu']}]"}
         if "error" in r:
             lines.append(f"{r['setting']:24} failed: {r['error']}")
             continue

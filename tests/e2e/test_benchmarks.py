@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from launcher import train_env
-from repo_paths import ROOT
+from repo_paths import ROOT, load_script
 
 SMALL = ["--training.local_batch_size", "2", "--training.seq_len", "64"]
 
@@ -82,3 +82,85 @@ def test_startup_breakdown_covers_the_launch(tmp_path):
 def test_plain_loop_refuses_steps_off_the_logging_grid(tmp_path):
     out = _bench(tmp_path, "plain_loop.py", "--steps", "7", "--warmup", "2")
     assert out.returncode == 2 and "multiples of metrics.log_freq (5)" in out.stderr
+
+
+MOE_PHASES = ("dispatch forward", "combine forward", "combine backward", "dispatch backward",
+              "counts forward")  # fmt: skip
+
+
+@pytest.mark.usefixtures("one_cpu_thread")
+def test_moe_kernels_table_compares_grouped_mm_with_the_loop(capsys):
+    """In this process (the table of the smallest size takes a fraction of a second)."""
+    bench = load_script("moe", folder="benchmarks")
+    assert bench.main(["kernels", "--sizes", "tiny", "--rounds", "1", "--steps", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("size"))
+    assert lines[head].split() == ["size", "tokens", "E", "k", "dim", "hidden", "grouped", "ms",
+                                   "loop", "ms", "speedup", "(wall)", "GFLOP/s", "max|diff|",
+                                   "out", "grads"]  # fmt: skip
+    cells = lines[head + 1].split()
+    assert cells[:6] == ["tiny", "64", "4", "2", "32", "64"]
+    assert float(cells[6]) > 0 and float(cells[7]) > 0 and cells[8].endswith("x")
+    # the same weights through both kernels: the same outputs and gradients (float32 rounding)
+    assert float(cells[11]) < 1e-5 and float(cells[12]) < 1e-5
+
+
+@pytest.mark.slow
+def test_moe_volume_observed_in_an_ep_run_matches_the_computed_rows(tmp_path, monkeypatch, capsys):
+    """Two gloo ranks (worker processes started by the benchmark, here in this process) train
+    llama4 debug with EP 2 for 2 steps: T = 1 x 32 tokens, top-1, 4 MoE layers, dim 256,
+    float32, so 128 rows (128 KiB) per phase, rank and step."""
+    for key, value in train_env(tmp_path).items():  # the workers' caches, offline
+        monkeypatch.setenv(key, value)
+    bench = load_script("moe", folder="benchmarks")
+    rc = bench.main(["volume", "--steps", "2", "--", "--training.seq_len", "32",
+                     "--training.local_batch_size", "1"])  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0, lines
+    assert "T = 32 tokens per rank per micro-batch, top_k 1, dim 256" in lines[0]
+    head = next(ln for ln in lines if ln.startswith("phase"))
+    assert "rank 0 rows" in head and "rank 1 rows" in head and "rows match" in head
+    table = {}
+    for ln in lines:
+        if ln[:18].strip() in MOE_PHASES:
+            computed, observed, match = ln[18:].split("|")
+            observed = observed.replace(" B", "B")  # the counts' sizes are in bytes: "256 B"
+            table[ln[:18].strip()] = (computed.split(), observed.split(), match.strip())
+    assert list(table) == list(MOE_PHASES)
+    for phase, (computed, observed, match) in table.items():
+        rows, ranks = int(computed[0].replace(",", "")), [float(observed[i]) for i in (0, 3)]
+        assert match.startswith("yes"), phase
+        assert rows == (32 if phase.startswith("counts") else 128)  # counts: 8 experts x 4 layers
+        # every rank sends its own rows' copies (and their gradients back) whatever the routing;
+        # how many its experts return depends on the routing, their sum over ranks does not
+        if "(rank)" in match:
+            assert ranks == [rows, rows], phase
+        else:
+            assert sum(ranks) == 2 * rows, phase
+    assert table["dispatch forward"][0][1] == "0.125"  # 128 rows x 256 x 4 bytes = 1/8 MiB
+    # the gradients come back the way the rows went
+    assert table["dispatch backward"][1] == table["combine forward"][1]
+
+
+def test_train_throughput_setting_may_set_its_own_process_count():
+    """What ``moe.py layouts`` relies on: ``--ngpu N`` inside a setting's overrides."""
+    bench = load_script("train_throughput", folder="benchmarks")
+    parser = bench.argparse.ArgumentParser()
+    assert bench._parse_setting(
+        "ep2=--ngpu 4 --parallelism.expert_parallel_degree 2", parser, 1
+    ) == ("ep2", ["--parallelism.expert_parallel_degree", "2"], 4)
+    assert bench._parse_setting("base=--training.steps 3", parser, 2) == (
+        "base",
+        ["--training.steps", "3"],
+        2,
+    )
+    with pytest.raises(SystemExit):
+        bench._parse_setting("bad=--ngpu", parser, 1)
+    rows = [
+        {"setting": "one", "ngpu": 1, "error": "x"},
+        {"setting": "four", "ngpu": 4, "error": "y"},
+    ]
+    table = bench.format_table(rows, "c.toml", 1, 5, 2)
+    assert (
+        "1/4 processes (per setting: [N])" in table and "one [1]" in table and "four [4]" in table
+    )

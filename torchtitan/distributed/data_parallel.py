@@ -48,8 +48,11 @@ def apply_fsdp(
                 moe.experts, mesh=experts_mesh, mp_policy=mp, reshard_after_forward=reshard
             )
             experts.set_gradient_divide_factor(experts_divide_factor)
-            # sum, then divide: gloo has no pre-multiplied sum (NCCL's way to divide)
-            experts.set_force_sum_reduction_for_comms(True)
+            if experts_mesh.size(-1) > 1:
+                # sum, then divide: gloo has no pre-multiplied sum (NCCL's way to divide). Not
+                # with one shard rank: torch 2.13's FSDP then divides the copied gradient by the
+                # factor and again after the reduction (expert gradients 1/ep of their value)
+                experts.set_force_sum_reduction_for_comms(True)
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(
         model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward == "always"
