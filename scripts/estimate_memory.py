@@ -17,12 +17,22 @@ NCCL buffers and the CUDA context (~0.5-1 GiB), ``torch.compile`` (estimated wit
 blocks usually save less), and float8 (estimated in the compute dtype). With pipeline parallel,
 one micro-batch of each local stage is traced and its activations are multiplied by the number of
 micro-batches a stage holds at once (1F1B-style schedules: up to pp; GPipe: all of them).
+
+Mixture-of-experts models (``qwen3_moe``, ``llama4``) are traced like the others. Under expert
+parallelism the all-to-all dispatch needs host split sizes read from the router's counts, which
+fake tensors do not have: the estimate assumes balanced routing, each of the E experts receiving
+N x top_k / E of the N tokens a rank routes (``exchange_counts`` in
+``torchtitan/distributed/expert_parallel.py`` is replaced for the trace). A step whose routing is
+uneven holds more on the ranks of the busiest experts (their dispatched rows and the experts'
+activations grow with their load). The formula lines count each rank's local shards, the routed
+experts' included (sharded over ep x efsdp, and their hidden width over tp).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -69,6 +79,7 @@ def estimate_memory(train_args: list[str], world_size: int, device_type: str) ->
         device_type  # the target's rules (dtype, device features) for preflight
     )
     plan = plan_job(job_config, world_size)
+    notes += _moe_notes(plan)
     model_args = dataclasses.replace(
         plan.model_args,
         vocab_size=_vocab_size(plan, job_config),
@@ -129,6 +140,31 @@ def _adapt(job_config) -> list[str]:
     return notes
 
 
+def _moe_notes(plan) -> list[str]:
+    """What the estimate of an MoE model assumes, and a sharding that leaves rank 0 more."""
+    moe, d = getattr(plan.model_args, "moe", None), plan.dims
+    if moe is None:
+        return []
+    notes = []
+    if d.ep > 1:
+        notes.append(
+            "expert parallel: routing assumed balanced (each of the E experts receives "
+            "N x top_k / E of the N tokens a rank routes); uneven routing holds more on the ranks "
+            "of the busiest experts"
+        )
+    ranks = d.dp_shard * d.cp  # ep x efsdp: the experts' dim 0 is split over them
+    if moe.num_experts % ranks:
+        held = -(-moe.num_experts // ranks)
+        notes.append(
+            f"FSDP shards the routed experts on dim 0: {moe.num_experts} experts over "
+            f"dp_shard x cp = {ranks} ranks{' (ep x efsdp)' if d.ep > 1 else ''} leave rank 0, "
+            f"the one traced, {held} per layer, {held * ranks / moe.num_experts:.1f}x an even "
+            "share, and some ranks none; choose dp_shard x cp dividing the experts (add tensor "
+            "or pipeline parallel, or data_parallel_replicate_degree)"
+        )
+    return notes
+
+
 def _vocab_size(plan, job_config) -> int:
     """The tokenizer's size, as train.py uses; the flavor's published one if the file is absent."""
     from torchtitan.datasets.tokenizer import tokenizer_source
@@ -178,7 +214,7 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
     rank = pp_rank * (dims.world_size // dims.pp)
     rt = builders.Runtime(torch.device("cpu"), rank, dims.world_size, plan, seed=0)
     parts = builders.build_model(job_config, rt, model_args.vocab_size, materialize=False).stages
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), _balanced_routing():
         for part in parts.values():
             part.to_empty(device="cpu")
             with torch.no_grad():
@@ -207,13 +243,47 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
     }
 
 
+def _balanced_routing():
+    """Expert parallel's dispatch with balanced routing in place of the counts fake tensors do
+    not have: of a rank's ``rows`` routed copies, expert ``e`` gets ``rows // E`` (one more for the
+    first ``rows % E``), and every rank of the EP group sends the same."""
+    import contextlib
+
+    import torch.distributed as dist
+
+    from torchtitan.distributed import expert_parallel
+
+    def balanced(counts, rows: int, ep: int, group):
+        n = counts.shape[0]
+        per_expert = [rows // n + (e < rows % n) for e in range(n)]
+        local = n // ep
+        me = dist.get_rank(group)
+        mine = per_expert[me * local : (me + 1) * local]
+        received = counts.new_tensor([mine] * ep)  # [source rank, local expert]
+        sent = [sum(per_expert[r * local : (r + 1) * local]) for r in range(ep)]
+        return received, sent, [sum(mine)] * ep
+
+    @contextlib.contextmanager
+    def patched():
+        real = expert_parallel.exchange_counts
+        expert_parallel.exchange_counts = balanced
+        try:
+            yield
+        finally:
+            expert_parallel.exchange_counts = real
+
+    return patched()
+
+
 def _trace_stage(
     part, optimizer, stage, plan, model_args, shape, dtype, job_config, loss_fn
 ) -> dict:
     """Peak bytes of one stage over a training step, by kind: ``shape[0]`` micro-batches go
     forward before the first goes backward (a pipeline's warm-up; 1 without pipelining), then the
-    optimizer steps; twice, as the first step creates the optimizer state. The tracker keeps the
-    peak over both."""
+    optimizer steps; twice, as the first step creates the optimizer state. The peak is the second
+    step's: it holds everything the first did plus the optimizer state, and on fake tensors the
+    first optimizer step of DTensor parameters holds about a copy of them until it ends, which a
+    real step does not (torch 2.13)."""
 
     from torchtitan.distributed.loss_parallel import loss_context
 
@@ -222,7 +292,9 @@ def _trace_stage(
     last = plan.pipeline is None or stage == plan.pipeline.num_stages - 1
     tracker = _tracker(part, optimizer)
     with tracker:
-        for _ in range(2):
+        for step in range(2):
+            if step == 1:
+                _restart_peak(tracker)
             losses = []
             with loss_context(plan.dims, job_config), _autocast(plan, dtype):
                 for _ in range(inflight):
@@ -298,10 +370,33 @@ def _tracker(part, optimizer):
     if isinstance(part, FSDPModule):
         tracker = FSDPMemTracker(mod=part, optm=optimizer)
         tracker.track_inputs(())
-        return tracker
-    tracker = MemTracker()
-    tracker.track_external(part, optimizer)
+    else:
+        tracker = MemTracker()
+        tracker.track_external(part, optimizer)
+    tracker._update_peak_stats = functools.partial(_update_global_peak, tracker)
     return tracker
+
+
+def _restart_peak(tracker) -> None:
+    """Count the peak from now on, starting from what is alive now."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
+    for dev, dev_snap in tracker._curr_mem_snap.items():
+        tracker._peak_mem[dev] = dev_snap[_TOTAL_KEY]
+        tracker._peak_mem_snap[dev] = dict(dev_snap)
+
+
+def _update_global_peak(tracker, peak_state) -> None:
+    """The tracker's peak update without its per-module peaks, which this script does not read:
+    they loop over every module after every op, which made a 48-layer MoE model's trace take
+    minutes (``_update_peak_stats`` of ``torch.distributed._tools.mem_tracker``, torch 2.13)."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
+    for dev, dev_snap in tracker._curr_mem_snap.items():
+        total = dev_snap[_TOTAL_KEY]
+        if tracker._peak_mem.get(dev, 0) < total:
+            tracker._peak_mem[dev] = total
+            tracker._peak_mem_snap[dev] = dict(dev_snap)
 
 
 def _formula_state(parts, job_config) -> tuple[dict, int]:

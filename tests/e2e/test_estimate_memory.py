@@ -4,6 +4,7 @@ and its internal consistency under sharded layouts."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -109,6 +110,101 @@ def test_sharded_state_matches_the_formula_and_layouts_shrink_the_peak(tmp_path)
     assert tp["breakdown_gib"]["activations"] < 0.7 * fsdp["breakdown_gib"]["activations"]
     assert cp["breakdown_gib"]["activations"] < 0.7 * fsdp["breakdown_gib"]["activations"]
     assert fsdp["peak_gib"] < one["peak_gib"]
+
+
+# The MoE debug models, with their routed experts' size: (arguments, MoE layers, experts, expert
+# width, dim). Llama 4's interleaved flavor mixes dense and MoE layers and has a shared expert.
+MOE = {
+    "qwen3_moe": (["--job.config_file", "train_configs/qwen3_moe_debug.toml"], 4, 8, 256, 256),
+    "llama4": (["--job.config_file", "train_configs/llama4_debug.toml",
+                "--model.flavor", "debugmodel_interleaved"], 2, 8, 256, 256),
+}  # fmt: skip
+# a tiny batch: the gathered parameters, not the activations, decide the peak
+TINY = ["--world-size", "4", "--training.local_batch_size", "1", "--training.seq_len", "64"]
+_ESTIMATES: dict[tuple[str, ...], dict] = {}
+
+
+def _estimate_once(tmp_path_factory, *args: str) -> dict:
+    """An estimate shared by the tests that read it (each run costs seconds)."""
+    if args not in _ESTIMATES:
+        _ESTIMATES[args] = _estimate(tmp_path_factory.mktemp("estimate"), *args)
+    return _ESTIMATES[args]
+
+
+def _routed_expert_params(family: str) -> int:
+    _, moe_layers, experts, width, dim = MOE[family]
+    return moe_layers * experts * 3 * width * dim  # w1, w3 [E, width, dim] and w2 [E, dim, width]
+
+
+@pytest.mark.parametrize("family", sorted(MOE))
+def test_moe_state_under_expert_parallel_is_the_local_shards(tmp_path_factory, family):
+    """EP 2 on dp_shard 4 (so efsdp 2): the formula lines count rank 0's shards, the routed
+    experts over ep x efsdp and the rest over dp_shard, in float32; the trace runs through the
+    all-to-all dispatch with balanced routing and says so."""
+    ep, dp_shard = 2, 4
+    e = _estimate_once(tmp_path_factory, *TINY, *MOE[family][0],
+                       "--parallelism.expert_parallel_degree", str(ep))  # fmt: skip
+    assert e["layout"] == f"dp_replicate=1 dp_shard={dp_shard} cp=1 tp=1 pp=1 ep={ep}"
+    experts = _routed_expert_params(family)
+    dense = e["parameters_total"] - experts
+    local = experts // (ep * (dp_shard // ep)) + dense // dp_shard
+    assert e["local_parameters"] == local
+    for row, moments in (("parameters", 1), ("gradients", 1), ("optimizer", 2)):
+        assert e["formula_gib"][row] * 1024**3 == 4 * moments * local, row
+    assert e["breakdown_gib"]["optimizer"] == pytest.approx(e["formula_gib"]["optimizer"], rel=0.02)
+    assert any("routing assumed balanced" in n for n in e["notes"]), e["notes"]
+
+
+def test_expert_parallel_gathers_fewer_experts_at_the_same_world_size(tmp_path_factory):
+    """Qwen3-MoE debug on 4 ranks, EP 1 vs EP 2. EP borrows its ranks from dp_shard
+    (ep x efsdp = dp_shard), so the state per rank is the same; but FSDP all-gathers a layer's
+    routed experts over efsdp only, E / ep of them instead of all E, so the peak of this tiny
+    batch (gathered weights, not activations) drops by at least half of one layer's experts in
+    bfloat16. Measured: 0.048 -> 0.038 GiB."""
+    args = (*TINY, *MOE["qwen3_moe"][0])
+    no_ep = _estimate_once(tmp_path_factory, *args)
+    ep = _estimate_once(tmp_path_factory, *args, "--parallelism.expert_parallel_degree", "2")
+    assert ep["formula_gib"] == no_ep["formula_gib"]
+    half_a_layer = _routed_expert_params("qwen3_moe") // 4 * 2 / 2 / 1024**3  # 4 MoE layers
+    assert no_ep["peak_gib"] - ep["peak_gib"] >= half_a_layer, (no_ep, ep)
+    gathered = no_ep["breakdown_gib"]["parameters"] - ep["breakdown_gib"]["parameters"]
+    assert gathered >= half_a_layer, (no_ep, ep)
+
+
+@pytest.mark.parametrize(
+    "name", ["qwen3_moe_30b_a3b", "qwen3_moe_235b_a22b", "llama4_17bx16e", "llama4_17bx128e"]
+)
+def test_published_moe_configs_split_their_experts_evenly(name):
+    """On the world its estimate command names, each published MoE config gives every rank the
+    same share of the routed experts (FSDP splits their first dim over dp_shard x cp = ep x efsdp,
+    evenly only when that divides the experts), and its EP group (ep x tp consecutive ranks)
+    stays within a node of 8 GPUs."""
+    from torchtitan.config_manager import parse_args
+    from torchtitan.job_plan import plan_job
+
+    path = ROOT / "train_configs" / f"{name}.toml"
+    world = int(re.search(r"estimate_memory.py --world-size (\d+)", path.read_text()).group(1))
+    plan = plan_job(parse_args(["--job.config_file", str(path)], need_files=False), world)
+    d, moe = plan.dims, plan.model_args.moe
+    assert d.ep > 1 and moe.num_experts % (d.dp_shard * d.cp) == 0, d.layout()
+    assert 8 % (d.ep * d.tp) == 0, d.layout()
+
+
+@pytest.mark.parametrize("world, ep, share", [(16, 1, "2.0x"), (16, 2, "2.0x"), (8, 2, None)])
+def test_an_uneven_split_of_the_experts_is_named(world, ep, share):
+    """8 experts over dp_shard 16: FSDP's dim-0 pieces hold one expert each, so rank 0 (the one
+    traced) has twice its share and half the ranks none; over 8 ranks the split is even."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from estimate_memory import _moe_notes
+
+    from torchtitan.config_manager import parse_args
+    from torchtitan.job_plan import plan_job
+
+    args = [*MOE["qwen3_moe"][0], "--parallelism.expert_parallel_degree", str(ep)]
+    notes = _moe_notes(plan_job(parse_args(args, need_files=False), world))
+    uneven = [n for n in notes if n.startswith("FSDP shards the routed experts")]
+    assert (share is None and not uneven) or (share is not None and share in uneven[0]), notes
+    assert any("routing assumed balanced" in n for n in notes) == (ep > 1), notes
 
 
 def test_a_missing_tokenizer_falls_back_to_the_published_vocabulary(tmp_path):

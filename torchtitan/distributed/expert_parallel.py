@@ -37,22 +37,41 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-__all__ = ["ExpertParallel", "regroup_index"]
+__all__ = ["ExpertParallel", "exchange_counts", "regroup_index"]
 
 # the hidden dim of each stacked expert weight, which tensor parallel shards
 _HIDDEN_DIM = {"w1": 1, "w3": 1, "w2": 2}
 
 
-def regroup_index(counts: torch.Tensor) -> torch.Tensor:
+def exchange_counts(
+    counts: torch.Tensor, rows: int, ep: int, group: dist.ProcessGroup
+) -> tuple[torch.Tensor, list[int], list[int]]:
+    """The dispatch's bookkeeping for this rank's ``counts [E]`` (``rows`` in all, ``len(x)``):
+    ``received [ep, E / ep]``, the rows each rank of the EP group sends to each expert of this
+    rank (one all-to-all of the counts), and, as host integers, the rows this rank sends to each
+    rank and receives from each.
+
+    A module-level function so that ``scripts/estimate_memory.py`` can replace it: fake tensors
+    have no values, so the estimate assumes balanced routing (each expert ``rows / E``), which
+    needs only ``rows``. Training reads the real counts and does not use ``rows``."""
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts, group=group)
+    sent_splits = counts.view(ep, -1).sum(1).tolist()
+    received = received.view(ep, -1)  # [source rank, local expert]
+    return received, sent_splits, received.sum(1).tolist()
+
+
+def regroup_index(counts: torch.Tensor, total: int | None = None) -> torch.Tensor:
     """For rows laid out block by block in row-major order of ``counts [A, B]`` (block ``(a, b)``
     holds ``counts[a, b]`` rows), the row indices that lay them out in column-major block order:
-    ``rows[regroup_index(counts)]`` is ``(0, 0), (1, 0), ..., (0, 1), (1, 1), ...``."""
+    ``rows[regroup_index(counts)]`` is ``(0, 0), (1, 0), ..., (0, 1), (1, 1), ...``. ``total``:
+    ``counts.sum()`` when the caller has it on the host (no device sync to read it)."""
     sizes = counts.flatten()
     starts = sizes.cumsum(0) - sizes  # where each block starts, row-major
     by_column = counts.t().flatten()
     new_starts = by_column.cumsum(0) - by_column  # where it starts, column-major
     shift = starts.view(counts.shape).t().flatten() - new_starts
-    total = int(sizes.sum())
+    total = int(sizes.sum()) if total is None else total
     return torch.arange(total, device=counts.device) + shift.repeat_interleave(
         by_column, output_size=total
     )
@@ -88,17 +107,15 @@ class ExpertParallel(ParallelStyle):
     @torch.compiler.disable
     def _dispatch(self, module: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> Any:
         x, counts = inputs
-        counts = counts.to(torch.int64)
-        received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts, group=self.group)
-        sent_splits = counts.view(self.ep, -1).sum(1).tolist()
-        received = received.view(self.ep, -1)  # [source rank, local expert]
-        received_splits = received.sum(1).tolist()
+        received, sent_splits, received_splits = exchange_counts(
+            counts.to(torch.int64), x.shape[0], self.ep, self.group
+        )
         rows = funcol.all_to_all_single_autograd(
             x.contiguous(), received_splits, sent_splits, self.group
         )
         rows = funcol.wait_tensor(rows)
-        order = regroup_index(received)  # rank by rank -> expert by expert
+        # rank by rank -> expert by expert
+        order = regroup_index(received, sum(received_splits))
         self._state = (order, sent_splits, received_splits)
         return rows[order], received.sum(0)
 
