@@ -50,7 +50,6 @@ __all__ = [
     "GroupedExperts",
     "TokenChoiceRouter",
     "SCORE_FUNCS",
-    "is_moe_layer",
     "inactive_params",
 ]
 
@@ -91,11 +90,6 @@ class MoEArgs:
 
     def is_moe_layer(self, layer_id: int) -> bool:
         return (layer_id + 1) % self.every == 0
-
-
-def is_moe_layer(module: nn.Module) -> bool:
-    """A module that routes tokens to experts (what the trainer's load balancing looks for)."""
-    return isinstance(module, MoE)
 
 
 def inactive_params(model: nn.Module) -> int:

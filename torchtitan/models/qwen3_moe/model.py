@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torchtitan.models.common.decoder import get_nparams_and_flops
 from torchtitan.models.common.moe import MoEArgs
 from torchtitan.models.qwen3.model import Qwen3Model, Qwen3ModelArgs
 
-__all__ = ["Qwen3MoeModelArgs", "Qwen3MoeModel", "get_nparams_and_flops"]
+__all__ = ["Qwen3MoeModelArgs", "Qwen3MoeModel"]
 
 
 @dataclass
