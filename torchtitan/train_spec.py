@@ -63,10 +63,13 @@ def spec_for_hf_config(config: dict, where: str) -> TrainSpec:
     model_type = config.get("model_type")
     for spec in _REGISTRY.values():
         adapter = spec.state_dict_adapter
-        if adapter is not None and adapter.model_type == model_type:
+        if adapter is not None and model_type in (adapter.model_type, *adapter.also_reads):
             return spec
     known = sorted(
-        {s.state_dict_adapter.model_type for s in _REGISTRY.values() if s.state_dict_adapter}
+        t
+        for s in _REGISTRY.values()
+        if s.state_dict_adapter
+        for t in (s.state_dict_adapter.model_type, *s.state_dict_adapter.also_reads)
     )
     raise ConfigError(
         f"{where}: config.json model_type {model_type!r} is not a family this library builds; "

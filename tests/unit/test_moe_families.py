@@ -193,6 +193,38 @@ def test_llama4_reads_the_text_config_of_a_multimodal_config():
     assert adapter_cls.args_from_hf_config(config) == args
 
 
+def test_llama4_imports_the_text_weights_of_a_multimodal_folder(tmp_path):
+    """The published Scout and Maverick folders are ``Llama4ForConditionalGeneration`` (model_type
+    llama4, text weights under ``language_model.``, vision weights beside them): the family is
+    found, the vision weights are left, and the imported model computes transformers' logits."""
+    from torchtitan.checkpoint.hf_files import read_hf_model
+
+    _, adapter_cls, args = TINY["llama4_scout_like"]
+    text = adapter_cls(args).hf_config(dtype=torch.float32, bos_id=None, eos_id=None)
+    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  image_size=28, patch_size=14, vision_output_dim=16, projector_input_dim=16,
+                  projector_output_dim=16)  # fmt: skip
+    torch.manual_seed(0)
+    config = transformers.Llama4Config(text_config=text, vision_config=vision)
+    hf = transformers.Llama4ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # a spread-out router, so routing matters
+        for name, p in hf.named_parameters():
+            if "router" in name:
+                p.normal_(0, 1)
+    hf.save_pretrained(tmp_path)
+    spec, got_args, state = read_hf_model(str(tmp_path), "test")
+    assert spec.name == "llama4" and got_args == args
+    assert not [n for n in state if "vision" in n or "projector" in n]
+    ours = Llama4Model(got_args)
+    missing, unexpected = ours.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"rope_cache"}, (missing, unexpected)
+    tokens = torch.randint(0, args.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf.language_model(tokens).logits.float()
+        got = ours.eval()(tokens)
+    assert (got - expected).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize(
     "flavor, change, words",
     [

@@ -34,6 +34,9 @@ class HFStateDictAdapter(ABC):
 
     #: ``config.json``'s ``model_type`` this adapter reads and writes (e.g. "llama")
     model_type: ClassVar[str]
+    #: other ``model_type`` values whose folders this adapter imports (a multimodal checkpoint
+    #: whose text weights are this family's)
+    also_reads: ClassVar[tuple[str, ...]] = ()
     #: parameter name inside a block -> the name inside ``model.layers.N.``
     layer_names: ClassVar[dict[str, str]]
     #: parameters outside the blocks

@@ -10,6 +10,11 @@ MoE layer's ``moe.router.gate`` <-> ``feed_forward.router``, ``moe.shared_expert
 (transposed, gate then up), ``w2 [E, D, I]`` <-> ``feed_forward.experts.down_proj [E, I, D]``.
 The load-balancing ``moe.expert_bias`` has no Hugging Face counterpart (zero on import, left out
 on export).
+
+The published Scout and Maverick folders are multimodal (``Llama4ForConditionalGeneration``,
+``model_type`` ``llama4``): their text weights are the same names under ``language_model.``, next
+to ``vision_model.`` and ``multi_modal_projector.`` weights. An import reads the text weights and
+leaves the others; an export writes a text-only ``Llama4ForCausalLM`` folder.
 """
 
 from __future__ import annotations
@@ -30,10 +35,14 @@ _GATE_UP = re.compile(r"^(model\.layers\.\d+\.feed_forward\.experts\.)gate_up_pr
 _DOWN = re.compile(r"^model\.layers\.\d+\.feed_forward\.experts\.down_proj$")
 # what the two halves of gate_up_proj are called between the conversion by name and the fusion
 _GATE, _UP = "gate_proj_stacked", "up_proj_stacked"
+# a multimodal (Llama4ForConditionalGeneration) folder: the text model, and what is not text
+_TEXT_PREFIX = "language_model."
+_NOT_TEXT = ("vision_model.", "multi_modal_projector.")
 
 
 class Llama4StateDictAdapter(HFStateDictAdapter):
     model_type = "llama4_text"
+    also_reads = ("llama4",)
     not_in_hf = ("moe.expert_bias",)
     layer_names = {
         "attention.wq.weight": "self_attn.q_proj.weight",
@@ -73,9 +82,10 @@ class Llama4StateDictAdapter(HFStateDictAdapter):
     def from_hf(
         self, hf_state: dict[str, torch.Tensor], expected: dict[str, torch.Size]
     ) -> dict[str, torch.Tensor]:
-        """Each ``gate_up_proj`` cut into its gate and up halves, then the generic conversion."""
+        """The text weights of a multimodal folder by their text-model names; each
+        ``gate_up_proj`` cut into its gate and up halves; then the generic conversion."""
         split: dict[str, torch.Tensor] = {}
-        for name, w in hf_state.items():
+        for name, w in _text_weights(hf_state).items():
             m = _GATE_UP.match(name)
             if m is None:
                 split[name] = w
@@ -194,3 +204,15 @@ def _refuse_unsupported(config: dict[str, Any]) -> None:
         raise HFFormatError(
             "config.json: this Llama 4 model does not implement " + ", ".join(unsupported)
         )
+
+
+def _text_weights(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A multimodal folder's text weights, named as a ``Llama4ForCausalLM``'s; any other folder's
+    weights as they are."""
+    if not any(name.startswith(_TEXT_PREFIX) for name in hf_state):
+        return hf_state
+    return {
+        name.removeprefix(_TEXT_PREFIX): w
+        for name, w in hf_state.items()
+        if not name.startswith(_NOT_TEXT)
+    }
