@@ -22,6 +22,7 @@ def _bench(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_train_throughput_table_from_the_real_runs(tmp_path):
     out = _bench(tmp_path, "train_throughput.py", "--steps", "5", "--warmup", "2", "--json",
                  "--setting", "base=", "--setting", "broken=--training.local_batch_size 0",
@@ -65,6 +66,7 @@ def test_plain_loop_reports_both_step_times_and_their_ratio(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_startup_breakdown_covers_the_launch(tmp_path):
     out = _bench(tmp_path, "startup.py", "--repeats", "1", "--json",
                  "--job.config_file", "train_configs/debug_model.toml", *SMALL)  # fmt: skip

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from launcher import launch, tensorboard_scalars_all_runs
+from launcher import cache_env, launch, tensorboard_scalars_all_runs
 from repo_paths import ROOT
+from tiers import params
 
 from torchtitan.checkpoint import scan
 
@@ -54,7 +55,10 @@ def unbroken(tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("async_mode", ["disabled", "async", "async_with_pinned_mem"])
+@pytest.mark.parametrize(
+    "async_mode",
+    params(["disabled", "async", "async_with_pinned_mem"], extended=["async_with_pinned_mem"]),
+)
 def test_resume_gives_the_same_losses_as_an_unbroken_run(tmp_path, unbroken, async_mode):
     """Background saves too: training goes on while they are written, then they are marked."""
     mode = ["--checkpoint.async_mode", async_mode]
@@ -96,7 +100,8 @@ def test_block_causal_training_resumes_exactly(tmp_path):
         ((1, ONE_PROCESS), (2, ["--parallelism.pipeline_parallel_degree", "2",
                                 "--parallelism.pipeline_parallel_microbatch_size", "4",
                                 "--training.local_batch_size", "8"])),
-        ((4, ["--training.local_batch_size", "2"]), (2, ["--training.local_batch_size", "4"])),
+        pytest.param((4, ["--training.local_batch_size", "2"]), (2, ["--training.local_batch_size", "4"]),
+                     marks=pytest.mark.extended),
     ],
     ids=["fsdp2_to_tp2", "pp_off_to_pp2", "dp4_to_dp2"],
 )  # fmt: skip
@@ -166,6 +171,7 @@ def test_incomplete_damaged_and_old_checkpoints(tmp_path, unbroken):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_only_checkpoint_damaged_and_missing_load_step_are_one_line_errors(tmp_path):
     _train(tmp_path, 5, *ONE_PROCESS)
     out = _train(tmp_path, 10, *ONE_PROCESS, "--checkpoint.load_step", "7", ok=False)
@@ -236,7 +242,7 @@ def test_a_killed_worker_is_restarted_and_resumes(tmp_path):
 
     run_dir = tmp_path / "killed"
     env = dict(os.environ, NGPU="2", MAX_RESTARTS="1", PYTHON=sys.executable, HF_HUB_OFFLINE="1",
-               TORCHTITAN_CACHE=str(tmp_path / "cache"), HF_DATASETS_CACHE=str(tmp_path / "hf"))  # fmt: skip
+               **cache_env(tmp_path))  # fmt: skip
     cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(run_dir / "out"), *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     marker = run_dir / "out" / "checkpoint" / "step-10" / "COMPLETE"
@@ -280,6 +286,7 @@ def test_seed_checkpoint_starts_a_run_of_another_layout(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_excluded_state_is_not_loaded(tmp_path, unbroken):
     """exclude_from_loading dataloader: the model, optimizer and step come back, the data
     starts again from its first batch (so step 11 sees batch 1 and its loss differs)."""
@@ -342,6 +349,7 @@ def test_ranks_agree_on_falling_back_past_a_checkpoint_one_stage_cannot_load(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_resume_refuses_a_checkpoint_with_other_block_counts(tmp_path):
     """Changing model.n_layers between runs must not resume from a prefix of the saved blocks;
     initial_load_path may start a shallower model from the first blocks on purpose."""
@@ -362,6 +370,7 @@ def test_resume_refuses_a_checkpoint_with_other_block_counts(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_interval_in_seconds_saves_by_the_clock_on_every_rank_alike(tmp_path):
     """checkpoint.interval_type = "seconds": a save once the interval has passed on any rank's
     clock, the ranks agreeing (a rank saving alone would hang the collective save)."""

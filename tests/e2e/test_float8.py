@@ -93,6 +93,7 @@ def test_float8_tracks_float32(tmp_path, float8_one_process):
     assert reference[1] - min(reference.values()) > 0.05, reference  # it trains
 
 
+@pytest.mark.extended
 def test_fsdp_float8_all_gather_matches_one_process(tmp_path, float8_one_process):
     losses, log = _losses(
         tmp_path,

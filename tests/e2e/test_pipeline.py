@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launcher import cache_env
 from repo_paths import DEBUG_TOML, HELPERS, ROOT
 
 from torchtitan.distributed import pipeline
@@ -22,8 +23,7 @@ STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)\s+grad_norm:\s+([0-9.]+
 def _env(tmp: Path) -> dict[str, str]:
     return dict(
         os.environ,
-        TORCHTITAN_CACHE=str(tmp / "cache"),
-        HF_DATASETS_CACHE=str(tmp / "hf"),
+        **cache_env(tmp),
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
         PYTHONPATH=str(ROOT),
@@ -117,7 +117,12 @@ def test_every_schedule_gives_the_unsplit_gradients(tmp_path):
     "schedule, microbatch_size, stage_log",
     [
         ("GPipe", 2, "stage 1 (pp rank 1): layers 3-5 + norm + output"),
-        ("1F1B", 1, "stage 0 (pp rank 0): tok_embeddings + layers 0-2"),
+        pytest.param(
+            "1F1B",
+            1,
+            "stage 0 (pp rank 0): tok_embeddings + layers 0-2",
+            marks=pytest.mark.extended,
+        ),  # also pp2_1f1b of test_parallel_equivalence
         ("Interleaved1F1B", 1, "stage 2 (pp rank 0): layer 4; stage 3 (pp rank 1): layer 5"),
         ("ZBVZeroBubble", 1, "stage 2 (pp rank 1): layer 4; stage 3 (pp rank 0): layer 5"),
     ],
@@ -142,6 +147,7 @@ def test_train_py_pipelined_losses_match_one_process(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_train_py_pipeline_with_gradient_accumulation(tmp_path, single_batch_8):
     steps, stdout = _train(
         tmp_path,
@@ -156,6 +162,7 @@ def test_train_py_pipeline_with_gradient_accumulation(tmp_path, single_batch_8):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_train_py_pipeline_with_fsdp_in_four_processes(tmp_path, single_batch_8):
     steps, stdout = _train(tmp_path, 4, "--parallelism.pipeline_parallel_degree", "2")
     assert "world_size=4 dp_replicate=1 dp_shard=2 cp=1 tp=1 pp=2" in stdout

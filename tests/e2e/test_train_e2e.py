@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher import console_losses, launch, tensorboard_run
+from launcher import cache_env, console_losses, launch, tensorboard_run
 from repo_paths import ROOT, SENTENCEPIECE_PATH
 
 
@@ -34,6 +34,7 @@ def test_default_debug_run_loss_falls_and_writes_tensorboard(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_four_cpu_workers_with_fsdp(tmp_path):
     out = launch(
         tmp_path,
@@ -55,6 +56,7 @@ def test_four_cpu_workers_with_fsdp(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ddp_with_gradient_accumulation(tmp_path):
     out = launch(
         tmp_path,
@@ -143,9 +145,7 @@ def test_bad_data_in_a_worker_is_one_line_not_a_traceback(tmp_path):
 
 
 def _train_py(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ, TORCHTITAN_CACHE=str(tmp_path / "cache"), HF_DATASETS_CACHE=str(tmp_path / "hf")
-    )
+    env = dict(os.environ, **cache_env(tmp_path))
     cmd = [
         sys.executable,
         "train.py",

@@ -48,14 +48,22 @@ def train_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of a test run: offline, caches under ``tmp_path``, this Python."""
     env = dict(os.environ)
     env.update(
-        TORCHTITAN_CACHE=str(tmp_path / "cache"),
-        HF_DATASETS_CACHE=str(tmp_path / "hf"),
+        **cache_env(tmp_path),
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
         PYTHON=sys.executable,
     )
     env.update(extra)
     return env
+
+
+def cache_env(tmp_path: Path) -> dict[str, str]:
+    """Where a test run's workers keep the built corpora (``TORCHTITAN_CACHE``) and the
+    ``datasets`` cache: one folder shared by the whole pytest session when conftest set
+    ``TORCHTITAN_TEST_SHARED_CACHE`` (building the python_docs corpus costs each cold launch
+    seconds per rank), else folders under ``tmp_path``. A test about cold caches passes its own."""
+    base = Path(os.environ.get("TORCHTITAN_TEST_SHARED_CACHE") or tmp_path)
+    return {"TORCHTITAN_CACHE": str(base / "cache"), "HF_DATASETS_CACHE": str(base / "hf")}
 
 
 def console_losses(stdout: str) -> dict[int, float]:
