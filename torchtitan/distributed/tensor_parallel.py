@@ -182,11 +182,18 @@ def feed_forward_plan(styles: BlockStyles) -> dict[str, Any]:
 def moe_plan(styles: BlockStyles) -> dict[str, Any]:
     """A mixture-of-experts ``moe`` (``models/common/moe.py``), experts split like a SwiGLU:
     the layer's input is all-gathered (every rank routes all the tokens of the sequence, with
-    the router's weight replicated: the same choices, counts and gradients everywhere), each
-    rank holds every expert's slice of the hidden width (``w1``/``w3`` sharded on dim 1, ``w2`` on
-    dim 2) and the shared expert's, and the routed and shared outputs, partial sums over those
-    slices, are added and reduce-scattered back to ``Shard(1)`` once. Float8 does not apply to
-    the experts (grouped matmuls)."""
+    the router's weight replicated: the same choices and counts everywhere), each rank holds
+    every expert's slice of the hidden width (``w1``/``w3`` sharded on dim 1, ``w2`` on dim 2) and
+    the shared expert's, and the routed and shared outputs, partial sums over those slices, are
+    added and reduce-scattered back to ``Shard(1)`` once. Float8 does not apply to the experts
+    (grouped matmuls).
+
+    The layer computes on local tensors, so the gradients that are partial sums over the slices
+    are summed over the TP ranks where they leave the sliced part: the experts' input (the
+    routed rows, ``SumGradOverTP`` on ``moe.experts``) and, when the routing weights scale the
+    experts' outputs (not their inputs), the routing weights (on ``moe.router``). Every gradient
+    upstream of them (router, norms, earlier layers) is then the one-process gradient."""
+    block = styles.block
     plan: dict[str, Any] = {
         "moe": PrepareModuleInputOutput(
             input_layouts=(Shard(1),),
@@ -196,10 +203,14 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
             desired_output_layouts=(Shard(1),),
         ),
         "moe.router.gate": ReplicateParameters(),
+        # (expert parallel has sharded the weights itself, on a 2-D mesh with TP)
+        "moe.experts": SumGradOverTP()
+        if isinstance(block.moe.experts.w1, DTensor)
+        else ShardParameters({"w1": 1, "w3": 1, "w2": 2}, sum_input_grad=True),
     }
-    if not isinstance(styles.block.moe.experts.w1, DTensor):  # expert parallel shards them itself
-        plan["moe.experts"] = ShardParameters({"w1": 1, "w3": 1, "w2": 2})
-    if styles.block.moe.shared_experts is not None:
+    if not block.moe.args.score_before_experts:
+        plan["moe.router"] = SumGradOverTP(output=True)
+    if block.moe.shared_experts is not None:
         plan |= {
             "moe.shared_experts.w1": ColwiseParallel(input_layouts=Replicate()),
             "moe.shared_experts.w3": ColwiseParallel(input_layouts=Replicate()),
@@ -208,13 +219,44 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
     return plan
 
 
+def sum_grad_over(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """``x`` unchanged; in backward its gradient, a partial sum on each rank of ``mesh``, is
+    all-reduced (summed) over ``mesh`` (Megatron's "copy to the tensor-parallel region")."""
+    return DTensor.from_local(x, mesh, [Replicate()], run_check=False).to_local(
+        grad_placements=[Partial()]
+    )
+
+
+class SumGradOverTP(ParallelStyle):
+    """Sums over the TP ranks the gradient of the module's first input, or (``output``) of the
+    first element of its output tuple; parameters and values are left alone."""
+
+    def __init__(self, output: bool = False) -> None:
+        super().__init__()
+        self.output = output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        # plain hooks: expert parallel may have distributed the module already (once only)
+        if self.output:
+            module.register_forward_hook(
+                lambda mod, inputs, out: (sum_grad_over(out[0], device_mesh), *out[1:])
+            )
+        else:
+            module.register_forward_pre_hook(
+                lambda mod, inputs: (sum_grad_over(inputs[0], device_mesh), *inputs[1:])
+            )
+        return module
+
+
 class ShardParameters(ParallelStyle):
     """The module's parameters as DTensors sharded on the given dims (``{name: dim}``); the
-    module computes with their local parts itself (inputs and outputs are left alone)."""
+    module computes with their local parts itself (inputs and outputs are left alone, but with
+    ``sum_input_grad`` the gradient of the first input is summed over the mesh)."""
 
-    def __init__(self, dims: dict[str, int]) -> None:
+    def __init__(self, dims: dict[str, int], sum_input_grad: bool = False) -> None:
         super().__init__()
         self.dims = dims
+        self.sum_input_grad = sum_input_grad
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
@@ -222,7 +264,10 @@ class ShardParameters(ParallelStyle):
                 param = nn.Parameter(distribute_tensor(getattr(mod, pname), mesh, [Shard(dim)]))
                 mod.register_parameter(pname, param)
 
-        return distribute_module(module, device_mesh, partition)
+        module = distribute_module(module, device_mesh, partition)
+        if self.sum_input_grad:
+            module = SumGradOverTP()._apply(module, device_mesh)
+        return module
 
 
 class ReplicateParameters(ParallelStyle):
