@@ -4,7 +4,8 @@ parallel 2, for each MoE family named on the command line.
 Every rank builds the family's debug model with the same weights (routers scaled up so that the
 routing is spread out and its gradient matters) and runs one forward and backward without
 parallelism (the reference), then again under the family's TP plan (sequence parallel, the
-experts split on their hidden width). Rank 0 prints the largest error of the logits and of any
+experts split on their hidden width; with ``--compiled-blocks`` each block also compiled with
+``fullgraph=True``, as ``compile.enable`` does). Rank 0 prints the largest error of the logits and of any
 gradient relative to the reference (per tensor, over its largest magnitude), and the parameter
 with the largest gradient error::
 
@@ -59,7 +60,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
-    for family in sys.argv[1:]:
+    compiled = "--compiled-blocks" in sys.argv
+    for family in [a for a in sys.argv[1:] if not a.startswith("--")]:
         g = torch.Generator().manual_seed(2)
         tokens = torch.randint(0, VOCAB, (2, 32), generator=g)
         dlogits = torch.randn(2, 32, VOCAB, generator=g)
@@ -69,7 +71,10 @@ def main() -> None:
         model = build(family, state)
         # the family's own block plan (what parallelize_decoder applies)
         block_plan = get_train_spec(family).parallelize_fn.keywords["block_plan"]
-        apply_tp(model, mesh, block_plan, loss_parallel=False)
+        apply_tp(model, mesh, block_plan, loss_parallel=False, compiled_blocks=compiled)
+        if compiled:
+            for block in model.layers.values():
+                block.compile(fullgraph=True)
         logits, grads = step(model, tokens, dlogits)
         errs = {n: rel(grads[n], ref_grads[n]) for n in ref_grads}  # collectives: every rank
         worst = max(errs, key=errs.get)
