@@ -19,8 +19,8 @@ import sys
 
 import torch
 import torch.distributed as dist
+from norms_tp_worker import rel, step  # the same one-step run and per-tensor error
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 
 from torchtitan.distributed.tensor_parallel import apply_tp
 from torchtitan.train_spec import get_model_args, get_train_spec
@@ -43,17 +43,6 @@ def build(family: str, state: dict | None = None) -> torch.nn.Module:
                 if "router" in name:
                     p.mul_(20)
     return model
-
-
-def step(model: torch.nn.Module, tokens: torch.Tensor, dlogits: torch.Tensor):
-    logits = model(tokens)
-    (logits * dlogits).sum().backward()
-    return logits.detach(), {n: p.grad for n, p in model.named_parameters()}
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a = a.full_tensor() if isinstance(a, DTensor) else a
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 def main() -> None:
