@@ -35,6 +35,7 @@ def init_distributed(device: torch.device, comm: Any = None, dump_folder: str = 
     ``comm.init_timeout_seconds`` until the first step ends (see :func:`set_train_timeout`)."""
     if "RANK" not in os.environ or dist.is_initialized():
         return
+    per_rank_compile_cache()
     timeout_s = comm.init_timeout_seconds if comm is not None else 600
     if comm is not None and device_type == "cuda":
         _nccl_flight_recorder(comm, dump_folder)
@@ -62,6 +63,26 @@ def init_distributed(device: torch.device, comm: Any = None, dump_folder: str = 
         device_id=device if device_type == "cuda" else None,
         **kwargs,
     )
+
+
+def per_rank_compile_cache() -> None:
+    """Point torch.compile's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) at a folder of this
+    rank's own, ``rank_<RANK>`` inside the one set or the default.
+
+    torch 2.13's AOTAutograd cache keys a DTensor by its spec (mesh, placements, global shape),
+    the same on every rank, while the compiled backward can depend on the rank (which shard of a
+    gradient it keeps; pytorch/pytorch#188390, fixed there for CUDA devices only). With one
+    shared folder a warm run then loads another rank's graph: measured here, a tensor-parallel
+    MoE block compiled around a graph break gave the second rank another rank's norm gradients
+    (108% off) on the second run, and exact ones with a folder per rank."""
+    rank = os.environ.get("RANK")
+    if rank is None:
+        return
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    if os.path.basename(os.path.normpath(base)) != f"rank_{rank}":  # not twice
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"rank_{rank}")
 
 
 def _nccl_flight_recorder(comm: Any, dump_folder: str) -> None:
