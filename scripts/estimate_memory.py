@@ -152,12 +152,14 @@ def _moe_notes(plan) -> list[str]:
             "N x top_k / E of the N tokens a rank routes); uneven routing holds more on the ranks "
             "of the busiest experts"
         )
-    ranks = d.dp_shard * d.cp  # ep x efsdp: the experts' dim 0 is split over them
+    # ep x efsdp: the experts' dim 0 is split over them (the TP ranks too with whole experts)
+    whole, ranks = d.experts_whole_under_tp, d.expert_borrowed_ranks
     if moe.num_experts % ranks:
         held = -(-moe.num_experts // ranks)
         notes.append(
             f"FSDP shards the routed experts on dim 0: {moe.num_experts} experts over "
-            f"dp_shard x cp = {ranks} ranks{' (ep x efsdp)' if d.ep > 1 else ''} leave rank 0, "
+            f"dp_shard x cp{' x tp' if whole else ''} = {ranks} ranks"
+            f"{' (ep x efsdp)' if d.ep > 1 else ''} leave rank 0, "
             f"the one traced, {held} per layer, {held * ranks / moe.num_experts:.1f}x an even "
             "share, and some ranks none; choose dp_shard x cp dividing the experts (add tensor "
             "or pipeline parallel, or data_parallel_replicate_degree)"

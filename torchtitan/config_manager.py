@@ -267,9 +267,11 @@ class Parallelism:
         ge=1,
     )
     expert_tensor_parallel_degree: int = opt(
-        -1,
-        "Tensor parallel degree of the routed experts: -1 = tensor_parallel_degree (the only "
-        "value supported; 1 without tensor parallel)",
+        1,
+        "Tensor parallel degree of the routed experts under expert parallel: 1 (upstream's "
+        "default) = whole experts, expert parallel borrowing the TP ranks too, which split the "
+        "routed rows; tensor_parallel_degree (or -1) = split like the dense layers. No effect "
+        "when expert_parallel_degree is 1",
     )
     disable_loss_parallel: bool = opt(
         False, "Gather logits before the loss instead of a vocab-parallel loss"

@@ -3,13 +3,19 @@ parallel 2, for each MoE family named on the command line.
 
 Every rank builds the family's debug model with the same weights (routers scaled up so that the
 routing is spread out and its gradient matters) and runs one forward and backward without
-parallelism (the reference), then again under the family's TP plan (sequence parallel, the
-experts split on their hidden width; with ``--compiled-blocks`` each block also compiled with
-``fullgraph=True``, as ``compile.enable`` does). Rank 0 prints the largest error of the logits and of any
-gradient relative to the reference (per tensor, over its largest magnitude), and the parameter
-with the largest gradient error::
+parallelism (the reference), then again under the family's TP plan (sequence parallel) in each
+way of holding the experts:
 
-    RESULT <family> <logits err> <grad err> <worst parameter>
+* ``split``: the experts split on their hidden width (``expert_tensor_parallel_degree`` = TP);
+* ``whole``: expert parallel 2 over the same two ranks with whole experts
+  (``expert_tensor_parallel_degree`` 1), the TP ranks splitting the routed rows.
+
+With ``--compiled-blocks`` each block is also compiled as ``compile.enable`` does (``fullgraph``
+unless the all-to-alls break the graph). Rank 0 prints, for each, the largest error of the logits
+and of any gradient relative to the reference (per tensor, over its largest magnitude), and the
+parameter with the largest gradient error::
+
+    RESULT <family> <split|whole> <logits err> <grad err> <worst parameter>
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import sys
 import torch
 import torch.distributed as dist
 from norms_tp_worker import rel, step  # the same one-step run and per-tensor error
-from torch.distributed.device_mesh import init_device_mesh
 
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.parallelize import apply_ep
 from torchtitan.distributed.tensor_parallel import apply_tp
+from torchtitan.distributed.utils import per_rank_compile_cache
 from torchtitan.train_spec import get_model_args, get_train_spec
 
 VOCAB = 2256
@@ -45,30 +53,44 @@ def build(family: str, state: dict | None = None) -> torch.nn.Module:
     return model
 
 
+def run(family: str, dims: ParallelDims, whole: bool, compiled: bool) -> None:
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, VOCAB, (2, 32), generator=g)
+    dlogits = torch.randn(2, 32, VOCAB, generator=g)
+    reference = build(family)
+    state = {k: v.clone() for k, v in reference.state_dict().items()}
+    ref_logits, ref_grads = step(reference, tokens, dlogits)
+    model = build(family, state)
+    # the family's own block plan, applied as parallelize_decoder does
+    block_plan = get_train_spec(family).parallelize_fn.keywords["block_plan"]
+    if whole:
+        apply_ep(model, dims)
+    apply_tp(model, dims.sub("tp"), block_plan, loss_parallel=False,
+             compiled_blocks=compiled, experts_whole=whole)  # fmt: skip
+    if compiled:
+        for block in model.layers.values():
+            block.compile(fullgraph=not whole)
+    logits, grads = step(model, tokens, dlogits)
+    errs = {n: rel(grads[n], ref_grads[n]) for n in ref_grads}  # collectives: every rank
+    worst = max(errs, key=errs.get)
+    if dist.get_rank() == 0:
+        layout = "whole" if whole else "split"
+        print(f"RESULT {family} {layout} {rel(logits, ref_logits):.3e} {errs[worst]:.3e} {worst}")
+
+
 def main() -> None:
+    per_rank_compile_cache()  # as train.py does (init_distributed)
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
     compiled = "--compiled-blocks" in sys.argv
+    n = dist.get_world_size()
+    split = ParallelDims(1, 1, 1, n, 1, n)
+    whole = ParallelDims(1, 1, 1, n, 1, n, ep=n, etp=1)
+    for dims in (split, whole):
+        dims.build_mesh("cpu")
     for family in [a for a in sys.argv[1:] if not a.startswith("--")]:
-        g = torch.Generator().manual_seed(2)
-        tokens = torch.randint(0, VOCAB, (2, 32), generator=g)
-        dlogits = torch.randn(2, 32, VOCAB, generator=g)
-        reference = build(family)
-        state = {k: v.clone() for k, v in reference.state_dict().items()}
-        ref_logits, ref_grads = step(reference, tokens, dlogits)
-        model = build(family, state)
-        # the family's own block plan (what parallelize_decoder applies)
-        block_plan = get_train_spec(family).parallelize_fn.keywords["block_plan"]
-        apply_tp(model, mesh, block_plan, loss_parallel=False, compiled_blocks=compiled)
-        if compiled:
-            for block in model.layers.values():
-                block.compile(fullgraph=True)
-        logits, grads = step(model, tokens, dlogits)
-        errs = {n: rel(grads[n], ref_grads[n]) for n in ref_grads}  # collectives: every rank
-        worst = max(errs, key=errs.get)
-        if dist.get_rank() == 0:
-            print(f"RESULT {family} {rel(logits, ref_logits):.3e} {errs[worst]:.3e} {worst}")
+        run(family, split, whole=False, compiled=compiled)
+        run(family, whole, whole=True, compiled=compiled)
     dist.destroy_process_group()
 
 

@@ -35,8 +35,9 @@ class ParallelDims:
     tp: int
     pp: int
     world_size: int
-    # expert parallel: the ranks of dp_shard x cp that split an MoE layer's experts; the experts
-    # are tensor parallel over etp ranks (-1 or tp: the tensor-parallel ranks; 1 without TP)
+    # expert parallel: the ranks that split an MoE layer's experts, borrowed from dp_shard x cp
+    # (x tp when etp is 1); the experts are tensor parallel over etp ranks: tp (-1 says so) or 1
+    # (whole experts, the TP ranks splitting the routed rows). Normalized to tp when ep is 1.
     ep: int = 1
     etp: int = -1
     mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
@@ -64,23 +65,41 @@ class ParallelDims:
         self._check_expert_parallel()
 
     def _check_expert_parallel(self) -> None:
-        """EP borrows ranks from ``dp_shard x cp`` (as upstream torchtitan does); the experts are
-        tensor parallel exactly when the rest of the model is."""
+        """EP borrows ranks from ``dp_shard x cp`` (as upstream torchtitan does), and from the TP
+        ranks too when the experts are not tensor parallel (``etp`` 1)."""
         if self.ep < 1:
             raise ConfigError(f"{_EP}: {self.ep} must be >= 1")
-        borrowed = self.dp_shard * self.cp
+        if self.etp not in (-1, 1, self.tp):
+            raise ConfigError(
+                f"{_ETP}: {self.etp} is not supported with tensor_parallel_degree {self.tp}; use "
+                f"1 (whole experts, expert parallel borrowing the TP ranks) or {self.tp} (the "
+                "experts split like the dense layers; -1 says the same)"
+            )
+        if self.etp == -1 or self.ep == 1:  # upstream: etp has no effect without EP
+            self.etp = self.tp
+        borrowed = self.expert_borrowed_ranks
+        names, factors = (
+            "data_parallel_shard_degree x context_parallel_degree",
+            f"{self.dp_shard} x {self.cp}",
+        )
+        if self.experts_whole_under_tp:
+            names = f"{names} x tensor_parallel_degree"
+            factors = f"{factors} x {self.tp}"
         if borrowed % self.ep:
             raise ConfigError(
-                f"{_EP}: {self.ep} must divide data_parallel_shard_degree x "
-                f"context_parallel_degree = {self.dp_shard} x {self.cp} = {borrowed} (expert "
-                "parallel borrows those ranks); use a divisor of it"
+                f"{_EP}: {self.ep} must divide {names} = {factors} = {borrowed} (expert parallel "
+                "borrows those ranks); use a divisor of it"
             )
-        if self.etp == -1:
-            self.etp = self.tp
-        if self.etp != self.tp:
+        if self.ep > 1 and not self.fsdp_enabled and borrowed != self.ep:
             raise ConfigError(
-                f"{_ETP}: {self.etp} is not supported with tensor_parallel_degree {self.tp}; the "
-                f"experts are split like the dense layers: use {self.tp} (or -1)"
+                f"{_EP}: {self.ep} leaves the experts replicated over {borrowed // self.ep} tensor "
+                "parallel ranks without FSDP to sum their gradients; use expert_parallel_degree "
+                f"{borrowed}, or data_parallel_shard_degree > 1"
+            )
+        if self.ep > 1 and not self.fsdp_enabled and self.dp_replicate > 1:
+            raise ConfigError(
+                f"{_EP}: {self.ep} with data_parallel_replicate_degree {self.dp_replicate} needs "
+                "FSDP for the experts (HSDP): set data_parallel_shard_degree > 1"
             )
 
     def _product(self) -> str:
@@ -101,6 +120,7 @@ class ParallelDims:
 
     def layout(self) -> str:
         ep = f" ep={self.ep}" if self.ep > 1 else ""
+        ep += " etp=1" if self.experts_whole_under_tp else ""
         return f"dp_replicate={self.dp_replicate} dp_shard={self.dp_shard} cp={self.cp} tp={self.tp} pp={self.pp}{ep}"
 
     @property
@@ -161,20 +181,33 @@ class ParallelDims:
         return mesh
 
     def _build_expert_mesh(self, device_type: str) -> DeviceMesh:
-        """The same ranks laid out for the routed experts: ``dp_shard x cp`` (cp inner) split into
-        ``efsdp x ep``, so that an EP group is ``ep`` consecutive ranks of it and the experts'
-        FSDP shards over ``efsdp`` (with ``dp_replicate`` for HSDP). Size-1 dims are kept, so the
-        names are always there."""
-        sizes = (
+        """The same ranks laid out for the routed experts: the borrowed ranks, ``dp_shard x cp``
+        (cp inner; ``x tp`` when the experts are whole, ``etp`` 1), split into ``efsdp x ep``,
+        so that an EP group is ``ep`` consecutive ranks of them and the experts' FSDP shards over
+        ``efsdp`` (with ``dp_replicate`` for HSDP); ``tp`` last when the experts are tensor
+        parallel. Size-1 dims are kept, so the names are always there."""
+        sizes = [
             ("pp", self.pp),
             ("dp_replicate", self.dp_replicate),
-            ("efsdp", self.dp_shard * self.cp // self.ep),
+            ("efsdp", self.expert_borrowed_ranks // self.ep),
             ("ep", self.ep),
-            ("tp", self.tp),
-        )
+        ]
+        if not self.experts_whole_under_tp:
+            sizes.append(("tp", self.tp))
         return init_device_mesh(
             device_type, tuple(d for _, d in sizes), mesh_dim_names=tuple(n for n, _ in sizes)
         )
+
+    @property
+    def expert_borrowed_ranks(self) -> int:
+        """The ranks EP borrows, ``ep x efsdp``: ``dp_shard x cp`` (``x tp`` with whole experts)."""
+        return self.dp_shard * self.cp * (self.tp if self.experts_whole_under_tp else 1)
+
+    @property
+    def experts_whole_under_tp(self) -> bool:
+        """``etp`` 1 under tensor parallel: each EP rank holds whole experts, and the TP ranks of
+        a sequence split its routed rows between them instead of the experts' hidden width."""
+        return self.tp > 1 and self.etp == 1
 
     @property
     def expert_fsdp_mesh(self) -> DeviceMesh:

@@ -44,7 +44,11 @@ def parallelize_decoder(
     :func:`~torchtitan.distributed.tensor_parallel.apply_tp`)."""
     if dims.ep > 1:  # before TP: the experts' weights get their EP and TP shards at once
         apply_ep(model, dims)
-        logger.info(f"Applied expert parallel (ep={dims.ep}): all-to-all token dispatch")
+        whole = ", etp=1: whole experts, each TP rank sends its share of the routed rows"
+        logger.info(
+            f"Applied expert parallel (ep={dims.ep}{whole if dims.experts_whole_under_tp else ''})"
+            ": all-to-all token dispatch"
+        )
     if dims.tp > 1:
         apply_tp(
             model,
@@ -54,6 +58,7 @@ def parallelize_decoder(
             async_tp=job_config.parallelism.enable_async_tensor_parallel,
             compiled_blocks=job_config.compile.compiles("model"),
             float8_tensorwise=float8.tensorwise_tp(job_config),
+            experts_whole=dims.experts_whole_under_tp,
         )
         logger.info(
             f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config)}"
@@ -98,9 +103,10 @@ def parallelize_decoder(
 
 
 def apply_ep(model: nn.Module, dims: ParallelDims) -> None:
-    """Each MoE layer's routed experts over the EP ranks (and their hidden dim over the TP ranks:
-    the same shards tensor parallel gives them without EP)."""
-    mesh = dims.expert_mesh["ep"] if dims.tp == 1 else dims.expert_mesh[("ep", "tp")]
+    """Each MoE layer's routed experts over the EP ranks, and their hidden dim over the TP ranks
+    (the same shards tensor parallel gives them without EP) unless they stay whole (``etp`` 1)."""
+    tp_split = dims.tp > 1 and not dims.experts_whole_under_tp
+    mesh = dims.expert_mesh[("ep", "tp")] if tp_split else dims.expert_mesh["ep"]
     for block in model.layers.values():
         if getattr(block, "moe", None) is not None:
             parallelize_module(block.moe.experts, mesh, ExpertParallel())

@@ -45,6 +45,7 @@ def apply_tp(
     async_tp: bool = False,
     compiled_blocks: bool = False,
     float8_tensorwise: bool = False,
+    experts_whole: bool = False,
 ) -> None:
     """Megatron-style TP: the family's ``block_plan`` in each block (for Llama: column-wise
     wq/wk/wv/w1/w3, row-wise wo/w2, sequence parallel norms), the embedding row-wise, the output
@@ -61,6 +62,9 @@ def apply_tp(
     the output gradients before their all-gather in backward. Linears left in high precision
     (``float8.filter_fqns``, sizes not divisible by 16) keep the plain styles, and a block input
     is gathered in float8 only if every linear reading it is float8.
+
+    ``experts_whole`` (``expert_tensor_parallel_degree`` 1 with expert parallel): an MoE layer's
+    routed experts stay whole, and the TP ranks split its routed rows between them instead.
     """
     if async_tp:
         from torch._inductor import config as inductor_config
@@ -73,7 +77,7 @@ def apply_tp(
         parallelize_module(model, tp_mesh, root_plan)
     if compiled_blocks and model.tok_embeddings is not None:
         model.tok_embeddings.register_forward_hook(_materialize_async_output)
-    styles = BlockStyles(float8_tensorwise)
+    styles = BlockStyles(float8_tensorwise, experts_whole)
     for block in model.layers.values():
         styles.block = block
         parallelize_module(block, tp_mesh, block_plan(styles))
@@ -103,8 +107,9 @@ def _root_plan(model: nn.Module, loss_parallel: bool) -> dict[str, Any]:
 class BlockStyles:
     """The TP style of each linear of ``block``: torchao's float8 style where it is float8."""
 
-    def __init__(self, float8_tensorwise: bool) -> None:
+    def __init__(self, float8_tensorwise: bool, experts_whole: bool = False) -> None:
         self.block: nn.Module | None = None  # the block being planned
+        self.experts_whole = experts_whole  # see apply_tp
         self.float8 = float8_tensorwise
         self.float8_linears = self.float8_inputs = 0
         if float8_tensorwise:
@@ -192,7 +197,11 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
     are summed over the TP ranks where they leave the sliced part: the experts' input (the
     routed rows, ``SumGradOverTP`` on ``moe.experts``) and, when the routing weights scale the
     experts' outputs (not their inputs), the routing weights (on ``moe.router``). Every gradient
-    upstream of them (router, norms, earlier layers) is then the one-process gradient."""
+    upstream of them (router, norms, earlier layers) is then the one-process gradient.
+
+    With ``styles.experts_whole`` the experts are not split (expert parallel holds them whole):
+    each TP rank runs its share of the routed rows instead (:class:`SplitRoutedRows`), its
+    routed output zero elsewhere, so the sums above hold unchanged."""
     block = styles.block
     plan: dict[str, Any] = {
         "moe": PrepareModuleInputOutput(
@@ -204,9 +213,7 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
         ),
         "moe.router.gate": ReplicateParameters(),
         # (expert parallel has sharded the weights itself, on a 2-D mesh with TP)
-        "moe.experts": SumGradOverTP()
-        if isinstance(block.moe.experts.w1, DTensor)
-        else ShardParameters({"w1": 1, "w3": 1, "w2": 2}, sum_input_grad=True),
+        "moe.experts": _experts_style(block.moe.experts, styles.experts_whole),
     }
     if not block.moe.args.score_before_experts:
         plan["moe.router"] = SumGradOverTP(output=True)
@@ -217,6 +224,66 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
             "moe.shared_experts.w2": RowwiseParallel(output_layouts=Partial()),
         }
     return plan
+
+
+def _experts_style(experts: nn.Module, whole: bool) -> ParallelStyle:
+    if whole:
+        return SplitRoutedRows()
+    if isinstance(experts.w1, DTensor):  # expert parallel has sharded them, with TP (2-D mesh)
+        return SumGradOverTP()
+    return ShardParameters({"w1": 1, "w3": 1, "w2": 2}, sum_input_grad=True)
+
+
+def row_share(rows: int, rank: int, size: int) -> tuple[int, int]:
+    """``[lo, hi)``: rank ``rank`` of ``size``'s contiguous share of ``rows`` rows (the first
+    ``rows % size`` ranks one row more)."""
+    base, extra = divmod(rows, size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (rank < extra)
+
+
+def split_counts(counts: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """The rows per group within rows ``[lo, hi)`` of rows laid out group by group (``counts``
+    rows each): each group's overlap with the range, computed on the device (no host sync)."""
+    ends = counts.cumsum(0)
+    return ends.clamp(lo, hi) - (ends - counts).clamp(lo, hi)
+
+
+class SplitRoutedRows(ParallelStyle):
+    """Apply to an MoE layer's whole experts (``forward(x, counts)``, rows sorted by expert) on
+    the TP mesh: every TP rank routed the same rows, and each runs one contiguous ``1/tp`` share
+    of them (the next share to the next rank), passing on the counts of its share, then pads its
+    output with zeros back to every row, a partial sum over the TP ranks like the split experts'.
+    The gradient of ``x`` (zero outside the share) is summed over the TP ranks.
+
+    Its input hook runs before expert parallel's dispatch, which then sends only the share; its
+    output hook after the combine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rows: tuple[int, int, int] | None = None
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        rank, size = device_mesh.get_local_rank(), device_mesh.size()
+
+        # eager, like the dispatch that follows: traced into a compiled block, whose graph then
+        # ends here, the sum of the gradient was lost (measured: Llama 4's router and norm
+        # gradients 100% off; tests/e2e/test_moe_parallel.py, compiled_blocks)
+        @torch.compiler.disable
+        def take_share(mod: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+            x, counts = inputs
+            lo, hi = row_share(x.shape[0], rank, size)
+            self._rows = (lo, hi, x.shape[0])
+            x = sum_grad_over(x, device_mesh)
+            return (x[lo:hi], split_counts(counts, lo, hi), *inputs[2:])
+
+        def pad(mod: nn.Module, inputs: Any, out: torch.Tensor) -> torch.Tensor:
+            lo, hi, total = self._rows
+            return torch.nn.functional.pad(out, (0, 0, lo, total - hi))
+
+        module.register_forward_pre_hook(take_share, prepend=True)
+        module.register_forward_hook(pad)
+        return module
 
 
 def sum_grad_over(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
