@@ -33,7 +33,10 @@ no value, so training is the same (``--check-losses`` runs the same job once mor
 and compares every step's loss). Computed, per rank and step, with ``T`` tokens per rank per
 micro-batch (local batch x seq_len / cp), ``k`` = top_k, ``d`` = dim, ``b`` bytes per element
 (the parameter dtype: float32 on CPU), ``L`` MoE layers and ``m`` micro-batches (gradient
-accumulation):
+accumulation). Under tensor parallel every TP rank routes the whole sequence (``T`` as above): with
+the experts split over TP each sends all ``T k`` rows, with whole experts
+(``expert_tensor_parallel_degree`` 1) only its ``1/tp`` share, and every ``T k`` below is divided
+by ``tp``:
 
 * dispatch, forward: ``m L T k`` rows of ``d b`` bytes: exact on every rank (each token's
   ``k`` copies go out, wherever their experts are);
@@ -44,8 +47,9 @@ accumulation):
 * counts: one all-to-all of ``E`` int64 per layer and micro-batch, forward only (exact).
 
 Under balanced routing ``1/ep`` of the rows stay on the rank (its own experts), ``(ep-1)/ep``
-leave it. With ``activation_checkpoint.mode full`` the forward all-to-alls run twice (the
-recomputation). Tensor and pipeline parallelism are not modeled (refused). The check: on every
+leave it; with whole experts, whose TP ranks send contiguous runs of experts, see
+:func:`leaves_fraction` (nothing leaves when ``ep = tp``). With ``activation_checkpoint.mode full`` the forward all-to-alls run twice (the
+recomputation). Pipeline parallelism is not modeled (refused). The check: on every
 rank the exact phases' observed rows equal the computed ones, and summed over the ranks every
 phase's rows do (routing moves rows between ranks; it does not change how many are sent).
 
@@ -72,6 +76,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -277,6 +282,27 @@ PHASES = (
 EXACT_PER_RANK = ("dispatch forward", "combine backward", "counts forward")
 
 
+def leaves_fraction(dims: Any) -> float:
+    """The share of a rank's dispatched rows that go to other ranks under balanced routing:
+    ``(ep - 1) / ep``, each expert's rows spread evenly. With whole experts under TP a rank sends
+    the rows of one contiguous run of experts, ``[r/tp, (r+1)/tp)`` of them for TP rank ``r``,
+    and keeps those of its own ``[i/ep, (i+1)/ep)`` (``i``: its place in its EP group, the
+    borrowed ranks being TP-innermost): the mean over the borrowed ranks of what leaves. With
+    ``ep = tp`` the two runs coincide and nothing leaves."""
+    if not dims.experts_whole_under_tp:
+        return (dims.ep - 1) / dims.ep
+    tp, ep, borrowed = dims.tp, dims.ep, dims.expert_borrowed_ranks
+    stays = Fraction(0)
+    for b in range(borrowed):
+        r, i = b % tp, b % ep
+        lo, hi = (
+            max(Fraction(r, tp), Fraction(i, ep)),
+            min(Fraction(r + 1, tp), Fraction(i + 1, ep)),
+        )
+        stays += max(hi - lo, Fraction(0)) * tp  # of the rank's share, 1/tp of the rows
+    return float(1 - stays / borrowed)
+
+
 def computed_volume(job_config: Any, world_size: int) -> dict:
     """Each phase's rows and bytes sent per rank and step, and the share that leaves the rank,
     under balanced routing (see the module doc)."""
@@ -293,14 +319,16 @@ def computed_volume(job_config: Any, world_size: int) -> dict:
     moe = getattr(args, "moe", None)
     if moe is None:
         raise SystemExit(f"volume: model {job_config.model.name} has no MoE layers")
-    if dims.tp > 1 or dims.pp > 1:
-        raise SystemExit("volume: tensor and pipeline parallelism are not modeled here")
+    if dims.pp > 1:
+        raise SystemExit("volume: pipeline parallelism is not modeled here")
     ac = job_config.activation_checkpoint.mode
     if ac not in ("none", "full"):
         raise SystemExit(f"volume: activation_checkpoint.mode {ac} is not modeled (none, full)")
     forward_passes = 2 if ac == "full" else 1
     n_moe = sum(moe.is_moe_layer(i) for i in range(args.n_layers))
     tokens = t.local_batch_size * t.seq_len // dims.cp
+    # under TP every rank routes the whole sequence; with whole experts each sends 1/tp of it
+    share = dims.tp if dims.experts_whole_under_tp else 1
     micro = plan.grad_accum_steps
     elem = torch.empty((), dtype=param_dtype(job_config, device_type)).element_size()
     row_bytes = args.dim * elem
@@ -311,7 +339,7 @@ def computed_volume(job_config: Any, world_size: int) -> dict:
         if phase.startswith("counts"):
             rows, nbytes = calls * moe.num_experts, calls * moe.num_experts * 8
         else:
-            rows = calls * tokens * moe.top_k
+            rows = calls * tokens * moe.top_k // share
             nbytes = rows * row_bytes
         phases[phase] = {"calls": calls, "rows": rows, "bytes": nbytes}
     return {
@@ -320,13 +348,14 @@ def computed_volume(job_config: Any, world_size: int) -> dict:
         "world_size": world_size,
         "tokens_per_rank_per_micro_batch": tokens,
         "top_k": moe.top_k,
+        "tp_share": share,
         "num_experts": moe.num_experts,
         "dim": args.dim,
         "bytes_per_element": elem,
         "moe_layers": n_moe,
         "micro_batches": micro,
         "forward_passes": forward_passes,
-        "leaves_fraction": (dims.ep - 1) / dims.ep,
+        "leaves_fraction": leaves_fraction(dims),
         "phases": phases,
         "layout": dims.layout(),
     }
@@ -553,7 +582,9 @@ def format_volume(c: dict, v: dict, steps: int, ngpu: int) -> str:
         f"all-to-all volume per training step and rank: {c['model']}, {ngpu} processes "
         f"({c['layout']}); T = {c['tokens_per_rank_per_micro_batch']} tokens per rank per "
         f"micro-batch, top_k {c['top_k']}, dim {c['dim']}, {b}, {c['moe_layers']} MoE layers, "
-        f"{c['micro_batches']} micro-batch(es); observed: mean of {steps} steps",
+        f"{c['micro_batches']} micro-batch(es)"
+        + (f", each TP rank sends 1/{c['tp_share']} of them" if c["tp_share"] > 1 else "")
+        + f"; observed: mean of {steps} steps",
         f"{'phase':<18} {'rows':>8} {'MiB':>8} {'leaves':>7} | "
         + " ".join(
             f"{'rank ' + str(r) + ' rows':>12} {'MiB':>7} {'leaves':>6}" for r in range(ngpu)
@@ -575,9 +606,12 @@ def format_volume(c: dict, v: dict, steps: int, ngpu: int) -> str:
         match = ("yes" if v["rows_match"][phase] else "NO") + (
             " (rank)" if p["exact_per_rank"] else " (sum)"
         )
+        # the counts go to every EP rank, whatever rows a rank sends
+        counts = (c["ep"] - 1) / c["ep"]
+        leaves = counts if phase.startswith("counts") else c["leaves_fraction"]
         lines.append(
             f"{phase:<18} {p['computed_rows']:>8,} {_mib(p['computed_bytes']):>8} "
-            f"{c['leaves_fraction']:>7.1%} | " + " ".join(cells) + f" | {match:>10}"
+            f"{leaves:>7.1%} | " + " ".join(cells) + f" | {match:>10}"
         )
     lines.append(
         f"{'total':<18} {'':>8} {total_c / MIB:>8.3f} {'':>7} | "

@@ -108,15 +108,24 @@ def test_moe_kernels_table_compares_grouped_mm_with_the_loop(capsys):
 
 
 @pytest.mark.slow
-def test_moe_volume_observed_in_an_ep_run_matches_the_computed_rows(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "extra, rows, mib",
+    [([], 128, "0.125"), (["--parallelism.tensor_parallel_degree", "2"], 64, "0.062")],
+    ids=["ep2", "ep2_tp2_whole_experts"],
+)
+def test_moe_volume_observed_in_an_ep_run_matches_the_computed_rows(
+    tmp_path, monkeypatch, capsys, extra, rows, mib
+):
     """Two gloo ranks (worker processes started by the benchmark, here in this process) train
     llama4 debug with EP 2 for 2 steps: T = 1 x 32 tokens, top-1, 4 MoE layers, dim 256,
-    float32, so 128 rows (128 KiB) per phase, rank and step."""
+    float32, so 128 rows (128 KiB) per phase, rank and step. With TP 2 over the same ranks and
+    whole experts (the default expert_tensor_parallel_degree 1) both ranks route the same 32
+    tokens and each sends its half: 64 rows."""
     for key, value in train_env(tmp_path).items():  # the workers' caches, offline
         monkeypatch.setenv(key, value)
     bench = load_script("moe", folder="benchmarks")
     rc = bench.main(["volume", "--steps", "2", "--", "--training.seq_len", "32",
-                     "--training.local_batch_size", "1"])  # fmt: skip
+                     "--training.local_batch_size", "1", *extra])  # fmt: skip
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 0, lines
     assert "T = 32 tokens per rank per micro-batch, top_k 1, dim 256" in lines[0]
@@ -130,16 +139,16 @@ def test_moe_volume_observed_in_an_ep_run_matches_the_computed_rows(tmp_path, mo
             table[ln[:18].strip()] = (computed.split(), observed.split(), match.strip())
     assert list(table) == list(MOE_PHASES)
     for phase, (computed, observed, match) in table.items():
-        rows, ranks = int(computed[0].replace(",", "")), [float(observed[i]) for i in (0, 3)]
+        got, ranks = int(computed[0].replace(",", "")), [float(observed[i]) for i in (0, 3)]
         assert match.startswith("yes"), phase
-        assert rows == (32 if phase.startswith("counts") else 128)  # counts: 8 experts x 4 layers
+        assert got == (32 if phase.startswith("counts") else rows)  # counts: 8 experts x 4 layers
         # every rank sends its own rows' copies (and their gradients back) whatever the routing;
         # how many its experts return depends on the routing, their sum over ranks does not
         if "(rank)" in match:
-            assert ranks == [rows, rows], phase
+            assert ranks == [got, got], phase
         else:
-            assert sum(ranks) == 2 * rows, phase
-    assert table["dispatch forward"][0][1] == "0.125"  # 128 rows x 256 x 4 bytes = 1/8 MiB
+            assert sum(ranks) == 2 * got, phase
+    assert table["dispatch forward"][0][1] == mib  # 128 rows x 256 x 4 bytes = 1/8 MiB
     # the gradients come back the way the rows went
     assert table["dispatch backward"][1] == table["combine forward"][1]
 
