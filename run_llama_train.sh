@@ -140,9 +140,11 @@ exec 3>&1
 rc=${PIPESTATUS[0]}
 set -e
 if [ -s "$TORCHTITAN_ERROR_FILE" ]; then
-  # the first rank's lines (one per problem), each once
+  # the first rank's lines (one per problem), each once; after a collective timeout (code 4)
+  # every rank's line: together they say who waited where
   code=$(head -n 1 "$TORCHTITAN_ERROR_FILE" | cut -f 1)
   prefix=$(head -n 1 "$TORCHTITAN_ERROR_FILE" | cut -f 2- | grep -o '^rank [0-9]*: ' || true)
+  [ "$code" != 4 ] || prefix=""
   cut -f 2- "$TORCHTITAN_ERROR_FILE" |
     awk -v p="$prefix" 'substr($0, 1, length(p)) == p && !seen[$0]++ { print "error: " $0 }' >&2
   exit "$code"

@@ -30,6 +30,7 @@ from torchtitan.metrics import MetricsProcessor, build_sinks, mean_over
 from torchtitan.profiling import profiled_steps
 from torchtitan.step import StepRunner
 from torchtitan.validation import Validator
+from torchtitan.watchdog import HangWatchdog
 
 
 def train(job_config: JobConfig) -> None:
@@ -132,6 +133,11 @@ class Loop:
         return ExpertLoad(self.parts, self.rt.plan.model_args.n_layers, tp=self.rt.dims.tp,
                           coeff=moe.load_balance_coeff, aux_coeff=moe.aux_loss_coeff)  # fmt: skip
 
+    def hang_watchdog(self) -> HangWatchdog:
+        r = self.job_config.resilience
+        return HangWatchdog(self.job_config.job.dump_folder, self.rt.rank,
+                            factor=r.hang_watchdog_factor, floor_s=r.hang_watchdog_floor_seconds)  # fmt: skip
+
     @cached_property
     def params(self) -> list[torch.nn.Parameter]:
         """This rank's parameters, listed once for gradient clipping."""
@@ -143,9 +149,11 @@ class Loop:
             logger.info(f"Already trained to step {first - 1} of {t.steps}: nothing to do")
             return
         gc_handler = runtime.GarbageCollection(t.gc_freq)
+        watchdog = self.hang_watchdog()
         with profiled_steps(self.job_config, self.rt.rank, first - 1) as profiler:
             for step in range(first, t.steps + 1):
                 gc_handler.run(step)
+                watchdog.begin(step)
                 loss, grad_norm = self.step(data_iter)
                 stop_if_diverged(step, loss, grad_norm, self.checkpointer)
                 lr = self.optimizer_step(step)
@@ -153,6 +161,7 @@ class Loop:
                     loss = mean_over(loss, self.rt.dims.loss_mesh)
                     moe = self.expert_load.metrics() if self.expert_load else {}
                     self.metrics.log(step, loss, float(grad_norm), lr, extra=moe)
+                watchdog.end(step)
                 if self.validator is not None and self.validator.due(step):
                     self.metrics.log_validation(step, *self.validator.run())
                 self.checkpointer.maybe_save(step)
@@ -162,6 +171,7 @@ class Loop:
                     startup.lap("first step")
                     logger.info(startup.summary())
                     startup = None
+        watchdog.close()
 
     def step(self, data_iter: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward over the accumulation steps: (summed loss, clipped grad norm).
@@ -218,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     except TorchTitanError as e:
         report_user_error(e)
         return e.exit_code
-    except Exception:
+    except Exception as e:
+        if (timeout := dist_utils.collective_timeout(e)) is not None:
+            report_user_error(timeout)  # every waiting rank: one line each
+            return timeout.exit_code
         if another_rank_reported():
             return 1  # a peer stopped on a user error; our broken collective is only a consequence
         raise

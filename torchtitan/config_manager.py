@@ -433,6 +433,19 @@ class Comm:
 
 
 @dataclass
+class Resilience:
+    hang_watchdog_factor: float = opt(
+        10.0,
+        "A training step running longer than this many times the median step (and the floor) "
+        "makes every rank write its Python stacks to job.dump_folder/hangs/step-N/; 0 turns it off",
+        ge=0,
+    )
+    hang_watchdog_floor_seconds: float = opt(
+        60.0, "The hang watchdog never fires on a step shorter than this", gt=0
+    )
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -450,6 +463,7 @@ class JobConfig:
     validation: Validation = field(default_factory=Validation)
     debug: Debug = field(default_factory=Debug)
     comm: Comm = field(default_factory=Comm)
+    resilience: Resilience = field(default_factory=Resilience)
 
     def __post_init__(self) -> None:
         self.origins: dict[str, Setting] = {}  # key -> where parse_args found it

@@ -36,6 +36,13 @@ class TrainingDiverged(TorchTitanError):
     exit_code = 3
 
 
+class CollectiveTimeout(TorchTitanError):
+    """A collective that waited past the timeout for its peers (a rank stopped, died or lags):
+    every rank that was waiting reports its line (the launcher prints them all)."""
+
+    exit_code = 4
+
+
 class ConfigErrors(ConfigError):
     """Several configuration problems found in one pass: one line each, all reported at once."""
 

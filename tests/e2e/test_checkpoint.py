@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launcher import cache_env, launch, tensorboard_scalars_all_runs
+from launcher import cache_env, launch, tensorboard_scalars_all_runs, worker_pids
 from repo_paths import ROOT
 from tiers import params
 
@@ -204,23 +204,6 @@ def test_only_checkpoint_damaged_and_missing_load_step_are_one_line_errors(tmp_p
     assert "Traceback" not in out.stderr
 
 
-def _worker_pids(marker: str) -> list[int]:
-    """PIDs of the train.py worker processes whose command line contains ``marker``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        args = [a.decode(errors="replace") for a in cmd]
-        if any(a.endswith("train.py") for a in args) and "torch.distributed.run" not in args:
-            if any(marker in a for a in args):
-                pids.append(int(entry.name))
-    return pids
-
-
 @pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_resumes(tmp_path):
     """SIGKILL one of two workers after the step-10 checkpoint; torchrun restarts both (one
@@ -250,7 +233,7 @@ def test_a_killed_worker_is_restarted_and_resumes(tmp_path):
     while not marker.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     assert marker.exists(), "no step-10 checkpoint"
-    victims = _worker_pids(str(run_dir))
+    victims = list(worker_pids(str(run_dir)).values())
     assert len(victims) == 2, victims
     os.kill(victims[-1], signal.SIGKILL)
     output, _ = proc.communicate(timeout=900)

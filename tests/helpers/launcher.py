@@ -44,6 +44,26 @@ def launch(
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def worker_pids(marker: str) -> dict[int, int]:
+    """``{RANK: pid}`` of the train.py worker processes whose command line contains ``marker``."""
+    pids = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = [
+                a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")
+            ]
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith("train.py") for a in args) and "torch.distributed.run" not in args:
+            if any(marker in a for a in args):
+                rank = next((e[5:] for e in env if e.startswith(b"RANK=")), b"-1")
+                pids[int(rank)] = int(entry.name)
+    return dict(sorted(pids.items()))
+
+
 def train_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of a test run: offline, caches under ``tmp_path``, this Python."""
     env = dict(os.environ)

@@ -4,14 +4,19 @@ NCCL when there is a GPU, else CPU + gloo."""
 from __future__ import annotations
 
 import os
+import re
+import traceback
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from torchtitan.errors import CollectiveTimeout
+
 device_type = "cuda" if torch.cuda.is_available() else "cpu"
 dist_backend = "nccl" if device_type == "cuda" else "gloo"
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def local_rank() -> int:
@@ -83,6 +88,36 @@ def per_rank_compile_cache() -> None:
     base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
     if os.path.basename(os.path.normpath(base)) != f"rank_{rank}":  # not twice
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"rank_{rank}")
+
+
+def collective_timeout(exc: BaseException) -> CollectiveTimeout | None:
+    """``exc`` as one line if it is a collective's timeout (gloo's "Timed out waiting ...ms",
+    NCCL's watchdog timeout), else None: the collective it waited in and the library frame that
+    called it, from the traceback."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or not re.search(r"[Tt]imed out|[Tt]imeout", text):
+        return None
+    frames = traceback.extract_tb(exc.__traceback__)
+    ops = [f for f in frames if "torch/distributed/" in f.filename.replace(os.sep, "/")]
+    ours = [
+        f
+        for f in frames
+        if _ROOT in os.path.abspath(f.filename) and "site-packages" not in f.filename
+    ]
+    if not ops:
+        return None
+    after = re.search(r"(\d+)\s*ms", text)
+    waited = f" after {int(after.group(1)) / 1000:g}s" if after else ""
+    caller = (
+        f" (from {os.path.relpath(ours[-1].filename, _ROOT)}:{ours[-1].lineno} {ours[-1].name})"
+        if ours
+        else ""
+    )
+    return CollectiveTimeout(
+        f"a collective timed out{waited} waiting in {ops[-1].name}{caller}: a peer rank stopped, "
+        "died or lags far behind (comm.train_timeout_seconds); the hang watchdog's stacks, if it "
+        "fired, are under job.dump_folder/hangs/"
+    )
 
 
 def _nccl_flight_recorder(comm: Any, dump_folder: str) -> None:

@@ -1,0 +1,92 @@
+"""Faults made for real in real training processes (gloo on CPU), each bounded in time, every
+process started cleaned up by pid.
+
+A rank stopped with SIGSTOP mid-run: the other rank stalls in the step's collectives; its hang
+watchdog writes its stacks under ``hangs/step-N/`` and says so, and the collective timeout
+(``comm.train_timeout_seconds``) then ends it with one line naming the collective it waited in
+(exit code 4), no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from launcher import train_env, worker_pids
+from repo_paths import ROOT
+
+ARGS = [
+    "--training.seq_len", "64",
+    "--training.local_batch_size", "2",
+    "--metrics.log_freq", "1",
+    "--checkpoint.enable", "false",
+]  # fmt: skip
+
+
+def _logged_steps(log) -> int:
+    """The last step rank 0's log file shows (0 before the first; only rank 0 logs them)."""
+    steps = [int(line.split("step:")[1].split()[0]) for line in log.read_text().splitlines()
+             if "step:" in line and "loss:" in line] if log.exists() else []  # fmt: skip
+    return max(steps, default=0)
+
+
+def _cleanup(proc: subprocess.Popen, pids: list[int]) -> None:
+    """Every process this test started: the launcher's session and the workers, by pid."""
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_leaves_stacks_and_a_timeout(tmp_path):
+    timeout_s = 20
+    out = tmp_path / "out"
+    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(out), *ARGS,
+           "--training.steps", "500", "--comm.train_timeout_seconds", str(timeout_s),
+           "--resilience.hang_watchdog_factor", "5",
+           "--resilience.hang_watchdog_floor_seconds", "3"]  # fmt: skip
+    env = train_env(tmp_path, NGPU="2")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    pids: list[int] = []
+    try:
+        deadline = time.time() + 300
+        while _logged_steps(out / "logs" / "rank_0.log") < 5 and time.time() < deadline:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.1)
+        ranks = worker_pids(str(out))
+        assert sorted(ranks) == [0, 1], ranks
+        pids = list(ranks.values())
+        os.kill(ranks[1], signal.SIGSTOP)
+        stopped_at, stopped_after = time.time(), _logged_steps(out / "logs" / "rank_0.log")
+        output, _ = proc.communicate(timeout=timeout_s + 120)
+        took = time.time() - stopped_at
+    finally:
+        _cleanup(proc, pids)
+    assert proc.returncode == 4, output[-3000:]  # CollectiveTimeout's code
+    assert took < timeout_s + 90, took  # the timeout ended it, not the test
+    # one line for the waiting rank, naming the collective and where the library called it
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output[-3000:]
+    assert errors[0].startswith(f"error: rank 0: a collective timed out after {timeout_s}s "
+                                "waiting in "), errors  # fmt: skip
+    assert "(from torchtitan/" in errors[0] or "(from train.py" in errors[0], errors
+    assert "Traceback" not in output, output[-3000:]  # torchrun's report is replaced by the line
+    hung = sorted((out / "hangs").glob("step-*/rank_0.txt"))
+    assert len(hung) == 1, (hung, output[-3000:])
+    step = int(hung[0].parent.name.split("-")[1])
+    assert stopped_after <= step <= stopped_after + 2, (step, stopped_after)
+    text = hung[0].read_text()
+    assert text.startswith(f"rank 0, step {step}: running for"), text[:300]
+    assert "train.py" in text  # the main thread's stack, down from the training loop

@@ -1,0 +1,119 @@
+"""Hang evidence in one process: the watchdog writes every thread's stack once, named by step
+and rank, for a step far over the median (not for ordinary steps, nor the first: compilation);
+a collective's timeout becomes one line naming the collective and the library frame calling it."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from torchtitan.log import logger
+from torchtitan.watchdog import HangWatchdog
+
+
+@pytest.fixture
+def warnings_logged():
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    yield lines
+    logger.removeHandler(handler)
+
+
+def _stuck_in_a_collective(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _steps(dog: HangWatchdog, first: int, seconds: list[float]) -> None:
+    for i, s in enumerate(seconds):
+        dog.begin(first + i)
+        _stuck_in_a_collective(s)
+        dog.end(first + i)
+
+
+def test_a_step_over_the_limit_writes_every_threads_stack_once(tmp_path, warnings_logged):
+    dog = HangWatchdog(str(tmp_path), rank=3, factor=3.0, floor_s=0.3, poll_s=0.02)
+    try:
+        # the first step (compilation) is slow and not counted; then 20 ms steps: limit 0.3 s
+        _steps(dog, 1, [0.5, 0.02, 0.02])
+        assert dog.limit() == pytest.approx(0.3)
+        assert not (tmp_path / "hangs").exists()
+        _steps(dog, 4, [0.9])  # three times the limit: still one file
+        _steps(dog, 5, [0.02])
+    finally:
+        dog.close()
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "hangs").rglob("*"))
+    assert files == ["hangs/step-4", "hangs/step-4/rank_3.txt"]
+    text = (tmp_path / "hangs/step-4/rank_3.txt").read_text()
+    assert text.startswith("rank 3, step 4: running for")
+    assert "_stuck_in_a_collective" in text and "hang-watchdog" not in text.split("\n")[0]
+    assert "Current thread" in text or "Thread 0x" in text  # faulthandler's every-thread dump
+    said = [line for line in warnings_logged if "Hang watchdog" in line]
+    assert len(said) == 2, said
+    assert "step 4 has run" in said[0] and "rank_3.txt" in said[0]
+    assert "step 4 completed after" in said[1] and "training goes on" in said[1]
+
+
+def test_the_limit_follows_the_median_above_the_floor(tmp_path):
+    dog = HangWatchdog(str(tmp_path), rank=0, factor=10.0, floor_s=0.05, poll_s=10)
+    try:
+        assert dog.limit() is None  # nothing to compare with yet
+        _steps(dog, 1, [0.2])
+        assert dog.limit() is None  # the first step does not count
+        assert dog.durations == []
+        _steps(dog, 2, [0.0])
+        assert len(dog.durations) == 1
+        dog.durations = [0.01, 0.03, 0.02]
+        assert dog.limit() == pytest.approx(0.2)  # 10 x the median 20 ms
+        dog.durations = [0.001, 0.002, 0.003]
+        assert dog.limit() == pytest.approx(0.05)  # the floor
+    finally:
+        dog.close()
+
+
+def test_factor_zero_starts_no_thread(tmp_path):
+    dog = HangWatchdog(str(tmp_path), rank=0, factor=0.0, floor_s=0.01, poll_s=0.01)
+    assert dog._thread is None
+    _steps(dog, 1, [0.0, 0.0, 0.1])
+    dog.close()
+    assert not (tmp_path / "hangs").exists()
+
+
+def _raise_in_a_collective(message: str) -> None:
+    """Raise ``message`` from a frame that looks like torch.distributed's all_reduce."""
+    code = compile(
+        f"def all_reduce():\n    raise RuntimeError({message!r})\n",
+        "/site-packages/torch/distributed/distributed_c10d.py",
+        "exec",
+    )
+    space: dict = {}
+    exec(code, space)
+    space["all_reduce"]()
+
+
+def test_a_collective_timeout_becomes_one_line_naming_the_collective_and_its_caller():
+    from torchtitan.distributed.utils import collective_timeout
+
+    try:
+        _raise_in_a_collective("[gloo/unbound_buffer.cc:78] Timed out waiting 20000ms for recv")
+    except RuntimeError as e:
+        found = collective_timeout(e)
+    assert found is not None and found.exit_code == 4
+    line = str(found)
+    assert "\n" not in line
+    assert line.startswith("a collective timed out after 20s waiting in all_reduce (from ")
+    assert "tests/unit/test_watchdog.py" in line and "_raise_in_a_collective" in line
+
+
+def test_other_errors_are_not_collective_timeouts():
+    from torchtitan.distributed.utils import collective_timeout
+
+    try:
+        _raise_in_a_collective("Connection reset by peer")
+    except RuntimeError as e:
+        assert collective_timeout(e) is None
+    assert collective_timeout(RuntimeError("timed out, but not in a collective")) is None
+    assert collective_timeout(ValueError("Timed out waiting 5ms")) is None
