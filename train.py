@@ -149,8 +149,10 @@ class Loop:
             logger.info(f"Already trained to step {first - 1} of {t.steps}: nothing to do")
             return
         gc_handler = runtime.GarbageCollection(t.gc_freq)
-        watchdog = self.hang_watchdog()
-        with profiled_steps(self.job_config, self.rt.rank, first - 1) as profiler:
+        with (
+            self.hang_watchdog() as watchdog,
+            profiled_steps(self.job_config, self.rt.rank, first - 1) as profiler,
+        ):
             for step in range(first, t.steps + 1):
                 gc_handler.run(step)
                 watchdog.begin(step)
@@ -171,7 +173,6 @@ class Loop:
                     startup.lap("first step")
                     logger.info(startup.summary())
                     startup = None
-        watchdog.close()
 
     def step(self, data_iter: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward over the accumulation steps: (summed loss, clipped grad norm).
@@ -229,11 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         report_user_error(e)
         return e.exit_code
     except Exception as e:
+        if another_rank_reported():
+            return 1  # a peer stopped on a user error; our broken collective is only a consequence
         if (timeout := dist_utils.collective_timeout(e)) is not None:
             report_user_error(timeout)  # every waiting rank: one line each
             return timeout.exit_code
-        if another_rank_reported():
-            return 1  # a peer stopped on a user error; our broken collective is only a consequence
         raise
     finally:
         if dist.is_initialized():

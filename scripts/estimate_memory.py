@@ -161,8 +161,9 @@ def _moe_notes(plan) -> list[str]:
             f"dp_shard x cp{' x tp' if whole else ''} = {ranks} ranks"
             f"{' (ep x efsdp)' if d.ep > 1 else ''} leave rank 0, "
             f"the one traced, {held} per layer, {held * ranks / moe.num_experts:.1f}x an even "
-            "share, and some ranks none; choose dp_shard x cp dividing the experts (add tensor "
-            "or pipeline parallel, or data_parallel_replicate_degree)"
+            f"share, and some ranks none; choose dp_shard x cp{' x tp' if whole else ''} dividing "
+            f"the experts (add {'' if whole else 'tensor or '}pipeline parallel, or "
+            "data_parallel_replicate_degree)"
         )
     return notes
 

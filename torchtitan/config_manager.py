@@ -262,8 +262,9 @@ class Parallelism:
     )
     expert_parallel_degree: int = opt(
         1,
-        "Expert parallel degree: ranks of data_parallel_shard x context_parallel that split each "
-        "MoE layer's experts (tokens go to their experts by all-to-all)",
+        "Expert parallel degree: ranks that split each MoE layer's experts (tokens go to their "
+        "experts by all-to-all), borrowed from data_parallel_shard x context_parallel (x "
+        "tensor_parallel with expert_tensor_parallel_degree 1)",
         ge=1,
     )
     expert_tensor_parallel_degree: int = opt(

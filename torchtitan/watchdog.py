@@ -11,7 +11,9 @@ collective never returns, ``comm.train_timeout_seconds`` ends the run.
 
 The median is over the completed steps of this run except the first (compilation, first
 loads); until two have completed the watchdog waits. Checkpoint saves and validation are not
-watched: they are not training steps, and a long save is not a hang.
+watched: they are not training steps, and a long save is not a hang. (A step does wait for a
+background save's copy of the weights before its optimizer update, ``async_with_pinned_mem``:
+that wait is watched, and a very slow one shows in the stacks as ``wait_for_staging``.)
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ _HISTORY = 100  # the median is over the last this many steps
 
 
 class HangWatchdog:
-    """``begin(step)`` before a training step, ``end(step)`` after it; ``close()`` at the end.
-    ``factor`` 0: off (every call does nothing)."""
+    """``begin(step)`` before a training step, ``end(step)`` after it; ``close()`` at the end
+    (or use it as a context manager). ``factor`` 0: off (no thread)."""
 
     def __init__(
         self, dump_folder: str, rank: int, *, factor: float, floor_s: float, poll_s: float = 1.0
@@ -73,7 +75,16 @@ class HangWatchdog:
             return None
         return max(self.floor_s, self.factor * statistics.median(self.durations))
 
+    def __enter__(self) -> HangWatchdog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Stop watching (also when a step raised: its teardown is not a hang)."""
+        with self._lock:
+            self._step = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5 * self.poll_s)

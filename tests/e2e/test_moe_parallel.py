@@ -59,6 +59,8 @@ LAYOUTS = {
     # experts' FSDP over the two data-parallel ranks
     "llama4_ep2_tp2_etp1": ("llama4", 2, [*_ep(2), *TP2, *_batch(8)]),
     "llama4_ep2_tp2_etp1_fsdp2": ("llama4", 4, [*_ep(2), *TP2, *_batch(4)]),
+    # whole experts, EP over all 4 ranks (both data-parallel ranks x both TP ranks): 2 experts each
+    "llama4_ep4_tp2_etp1": ("llama4", 4, [*_ep(4), *TP2, *_batch(4)]),
     "llama4_ep2_pp2": ("llama4", 4, [*_ep(2), *PP2, *_batch(4)]),
     # EP over the two context-parallel ranks (they hold different tokens of each sequence)
     "llama4_ep2_cp2": ("llama4", 2, [*_ep(2), "--parallelism.context_parallel_degree", "2",

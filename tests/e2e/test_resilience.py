@@ -66,8 +66,8 @@ def test_a_stopped_rank_leaves_stacks_and_a_timeout(tmp_path):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.1)
         ranks = worker_pids(str(out))
+        pids = list(ranks.values())  # cleaned up even if the next line fails
         assert sorted(ranks) == [0, 1], ranks
-        pids = list(ranks.values())
         os.kill(ranks[1], signal.SIGSTOP)
         stopped_at, stopped_after = time.time(), _logged_steps(out / "logs" / "rank_0.log")
         output, _ = proc.communicate(timeout=timeout_s + 120)
@@ -83,10 +83,12 @@ def test_a_stopped_rank_leaves_stacks_and_a_timeout(tmp_path):
                                 "waiting in "), errors  # fmt: skip
     assert "(from torchtitan/" in errors[0] or "(from train.py" in errors[0], errors
     assert "Traceback" not in output, output[-3000:]  # torchrun's report is replaced by the line
-    hung = sorted((out / "hangs").glob("step-*/rank_0.txt"))
+    # (a step before the stop may have been slow on a loaded machine: only those after count)
+    hung = [p for p in (out / "hangs").glob("step-*/rank_0.txt")
+            if int(p.parent.name.split("-")[1]) >= stopped_after]  # fmt: skip
     assert len(hung) == 1, (hung, output[-3000:])
     step = int(hung[0].parent.name.split("-")[1])
-    assert stopped_after <= step <= stopped_after + 2, (step, stopped_after)
+    assert step <= stopped_after + 2, (step, stopped_after)
     text = hung[0].read_text()
     assert text.startswith(f"rank 0, step {step}: running for"), text[:300]
     assert "train.py" in text  # the main thread's stack, down from the training loop

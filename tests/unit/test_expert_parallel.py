@@ -55,6 +55,9 @@ def test_regroup_index_orders_rank_major_blocks_expert_major(counts):
         (4, ["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
              "--parallelism.expert_tensor_parallel_degree", "4"],
          "expert_tensor_parallel_degree: 4 is not supported with tensor_parallel_degree 2; use 1"),
+        (2, ["--parallelism.expert_parallel_degree", "2",
+             "--parallelism.expert_tensor_parallel_degree", "2"],
+         "expert_tensor_parallel_degree: 2 needs tensor parallel; use 1 (or -1)"),
     ],
 )  # fmt: skip
 def test_layouts_that_cannot_split_the_experts_are_named(world, args, words):
@@ -97,9 +100,11 @@ def test_expert_tensor_parallel_degree_picks_the_ranks_expert_parallel_borrows(e
 
 def test_expert_tensor_parallel_degree_has_no_effect_without_expert_parallel():
     """As upstream: with EP 1 the experts are split like the dense layers whatever it says."""
-    cfg = parse_args([*L4, "--parallelism.tensor_parallel_degree", "2"])
-    dims = plan_job(cfg, world_size=2).dims
-    assert (dims.ep, dims.etp, dims.experts_whole_under_tp) == (1, 2, False)
+    for etp in ("1", "3"):  # any value
+        cfg = parse_args([*L4, "--parallelism.tensor_parallel_degree", "2",
+                          "--parallelism.expert_tensor_parallel_degree", etp])  # fmt: skip
+        dims = plan_job(cfg, world_size=2).dims
+        assert (dims.ep, dims.etp, dims.experts_whole_under_tp) == (1, 2, False)
 
 
 @pytest.mark.parametrize("counts", [[3, 0, 5, 2], [0, 0, 7], [1], [4, 4]])

@@ -6,7 +6,9 @@ copies of its tokens sorted by expert, and ``counts [E]`` rows per expert. :clas
 wraps that call and nothing else, so the layer's math is untouched:
 
 * the parameters ``w1``/``w2``/``w3`` ``[E, ...]`` become DTensors sharded on dim 0 over the EP
-  ranks (and, under tensor parallel, on their hidden dim over the TP ranks too: a 2-D mesh);
+  ranks (and, with the experts split over tensor parallel, on their hidden dim over the TP ranks
+  too: a 2-D mesh; whole experts under TP get their rows' share from ``SplitRoutedRows`` in
+  ``tensor_parallel.py``, which runs before the dispatch);
 * before the call (**dispatch**): the ranks exchange their ``counts`` (one all-to-all of ``E``
   integers), send each rank the rows of its experts (``all_to_all_single`` with autograd: the
   backward sends the gradients back the same way), and regroup what arrived, which comes
@@ -79,7 +81,7 @@ def regroup_index(counts: torch.Tensor, total: int | None = None) -> torch.Tenso
 
 class ExpertParallel(ParallelStyle):
     """Apply to an MoE layer's ``experts`` with ``device_mesh`` the EP mesh, or the 2-D
-    ``("ep", "tp")`` mesh when the experts are also tensor parallel."""
+    ``("ep", "tp")`` mesh when the experts are split over tensor parallel too."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -69,13 +69,15 @@ class ParallelDims:
         ranks too when the experts are not tensor parallel (``etp`` 1)."""
         if self.ep < 1:
             raise ConfigError(f"{_EP}: {self.ep} must be >= 1")
-        if self.etp not in (-1, 1, self.tp):
+        if self.ep > 1 and self.etp not in (-1, 1, self.tp):  # upstream: no effect without EP
             raise ConfigError(
                 f"{_ETP}: {self.etp} is not supported with tensor_parallel_degree {self.tp}; use "
                 f"1 (whole experts, expert parallel borrowing the TP ranks) or {self.tp} (the "
                 "experts split like the dense layers; -1 says the same)"
+                if self.tp > 1
+                else f"{_ETP}: {self.etp} needs tensor parallel; use 1 (or -1)"
             )
-        if self.etp == -1 or self.ep == 1:  # upstream: etp has no effect without EP
+        if self.etp == -1 or self.ep == 1:
             self.etp = self.tp
         borrowed = self.expert_borrowed_ranks
         names, factors = (

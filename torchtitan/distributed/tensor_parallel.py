@@ -212,7 +212,6 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
             desired_output_layouts=(Shard(1),),
         ),
         "moe.router.gate": ReplicateParameters(),
-        # (expert parallel has sharded the weights itself, on a 2-D mesh with TP)
         "moe.experts": _experts_style(block.moe.experts, styles.experts_whole),
     }
     if not block.moe.args.score_before_experts:

@@ -90,24 +90,29 @@ def per_rank_compile_cache() -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"rank_{rank}")
 
 
+# what a collective's timeout says: gloo's transport, and NCCL's watchdog when it raises (with
+# TORCH_NCCL_ASYNC_ERROR_HANDLING=1, torchrun's default, it aborts the process instead)
+_TIMEOUT_TEXT = re.compile(
+    r"Timed out waiting (\d+)ms|Watchdog caught collective operation timeout"
+)
+_COLLECTIVE_FILES = ("distributed_c10d.py", "_functional_collectives.py")
+
+
 def collective_timeout(exc: BaseException) -> CollectiveTimeout | None:
-    """``exc`` as one line if it is a collective's timeout (gloo's "Timed out waiting ...ms",
-    NCCL's watchdog timeout), else None: the collective it waited in and the library frame that
-    called it, from the traceback."""
-    text = str(exc)
-    if not isinstance(exc, RuntimeError) or not re.search(r"[Tt]imed out|[Tt]imeout", text):
-        return None
+    """``exc`` as one line if a collective raised it on timing out, else None: the collective it
+    waited in and the library frame that called it, from the traceback. Start-up timeouts (the
+    rendezvous, the store) are not collectives and stay as they are."""
+    found = _TIMEOUT_TEXT.search(str(exc)) if isinstance(exc, RuntimeError) else None
     frames = traceback.extract_tb(exc.__traceback__)
-    ops = [f for f in frames if "torch/distributed/" in f.filename.replace(os.sep, "/")]
+    ops = [f for f in frames if os.path.basename(f.filename) in _COLLECTIVE_FILES]
+    if found is None or not ops:
+        return None
     ours = [
         f
         for f in frames
         if _ROOT in os.path.abspath(f.filename) and "site-packages" not in f.filename
     ]
-    if not ops:
-        return None
-    after = re.search(r"(\d+)\s*ms", text)
-    waited = f" after {int(after.group(1)) / 1000:g}s" if after else ""
+    waited = f" after {int(found.group(1)) / 1000:g}s" if found.group(1) else ""
     caller = (
         f" (from {os.path.relpath(ours[-1].filename, _ROOT)}:{ours[-1].lineno} {ours[-1].name})"
         if ours
@@ -115,8 +120,9 @@ def collective_timeout(exc: BaseException) -> CollectiveTimeout | None:
     )
     return CollectiveTimeout(
         f"a collective timed out{waited} waiting in {ops[-1].name}{caller}: a peer rank stopped, "
-        "died or lags far behind (comm.train_timeout_seconds); the hang watchdog's stacks, if it "
-        "fired, are under job.dump_folder/hangs/"
+        "died or lags far behind (comm.init_timeout_seconds until the first step ends, then "
+        "comm.train_timeout_seconds); the hang watchdog's stacks, if it fired, are under "
+        "job.dump_folder/hangs/"
     )
 
 
