@@ -349,6 +349,12 @@ class Checkpoint:
     create_seed_checkpoint: bool = opt(
         False, "Write the initial weights to step-0 from one process and exit"
     )
+    on_save_error: str = opt(
+        "stop",
+        "A save that fails (disk full, permission, I/O error): stop with one line, or log it and "
+        "continue training (the previous complete checkpoint is kept either way)",
+        choices=("stop", "continue"),
+    )
 
 
 @dataclass
@@ -443,6 +449,33 @@ class Resilience:
     )
     hang_watchdog_floor_seconds: float = opt(
         60.0, "The hang watchdog never fires on a step shorter than this", gt=0
+    )
+    preemption_signals: list[str] = opt(
+        ["SIGTERM", "SIGUSR1"],
+        "Signals after which every rank saves a checkpoint at the next step boundary and exits "
+        "with code 160 (preempted; start again to resume); [] = default signal handling",
+        choices=("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP"),
+    )
+    straggler_threshold: float = opt(
+        1.2,
+        "Every metrics.log_freq steps, name the slowest rank when its busy time over the interval "
+        "is this many times the median rank's; 0 turns the report off",
+        ge=0,
+    )
+    loss_spike_zscore: float = opt(
+        0.0,
+        "Skip the optimizer update of a step whose loss is this many standard deviations above "
+        "the mean of recent steps; 0 turns the guard off",
+        ge=0,
+    )
+    loss_spike_window: int = opt(
+        100, "Recent accepted steps whose loss mean and deviation the spike guard uses", ge=2
+    )
+    loss_spike_warmup_steps: int = opt(
+        20, "Accepted steps the spike guard sees before it may skip one", ge=2
+    )
+    loss_spike_max_consecutive: int = opt(
+        3, "Stop the run after this many consecutive skipped steps", ge=1
     )
 
 

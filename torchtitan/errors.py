@@ -10,12 +10,15 @@ class TorchTitanError(Exception):
     """Base class: the message must name the offending key, file or value and what would be valid."""
 
     exit_code = 1
+    prefix = "error: "  # how its lines start where no launcher prints them
+    names_rank = True  # in a job of several ranks, lines start with "rank R: "
 
 
 class ConfigError(TorchTitanError):
     """Bad configuration: unknown keys, wrong types or values, missing files, bad combinations."""
 
     exit_code = 2
+    names_rank = False  # every rank finds the same problem
 
 
 class DataError(TorchTitanError):
@@ -41,6 +44,14 @@ class CollectiveTimeout(TorchTitanError):
     every rank that was waiting reports its line (the launcher prints them all)."""
 
     exit_code = 4
+
+
+class CheckpointSaveFailed(TorchTitanError):
+    """A checkpoint save that failed (disk full, permission, I/O error) with
+    ``checkpoint.on_save_error = "stop"``: every rank stops together, the previous complete
+    checkpoint kept."""
+
+    exit_code = 5
 
 
 class ConfigErrors(ConfigError):
@@ -101,13 +112,13 @@ def report_user_error(e: TorchTitanError) -> None:
     """One line, no traceback: to the launcher's error file when there is one, else to stderr."""
     rank = int(os.environ.get("RANK", "0"))
     several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    where = f"rank {rank}: " if several and e.exit_code != 2 else ""
+    where = f"rank {rank}: " if several and e.names_rank else ""
     error_file = os.environ.get("TORCHTITAN_ERROR_FILE")
     if error_file:
         with open(error_file, "a") as f:
             f.writelines(f"{e.exit_code}\t{where}{line}\n" for line in str(e).splitlines())
-    elif rank == 0 or e.exit_code != 2:
-        lines = (f"error: {where}{line}" for line in str(e).splitlines())
+    elif rank == 0 or e.names_rank:
+        lines = (f"{e.prefix}{where}{line}" for line in str(e).splitlines())
         print("\n".join(lines), file=sys.stderr, flush=True)
 
 

@@ -3,7 +3,8 @@
 Modules: ``manager`` (CheckpointManager), ``folder`` (step folders, the COMPLETE marker, the
 choices of what to load, set aside and purge), ``states`` (what is saved), ``safe_read`` (safe
 unpickling, ``read_model_weights``), ``collectives`` (ranks agreeing on errors), ``hf_exchange``
-(Hugging Face load and export of a job), ``hf_files`` (Hugging Face folder I/O), ``errors``."""
+(Hugging Face load and export of a job), ``hf_files`` (Hugging Face folder I/O), ``errors``,
+``save_failure`` (what a failed save says)."""
 
 from torchtitan.checkpoint.errors import CheckpointError
 from torchtitan.checkpoint.folder import MARKER, scan

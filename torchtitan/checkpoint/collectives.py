@@ -3,12 +3,14 @@ does) instead of meeting at a barrier that a failed rank would never reach."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from torchtitan.checkpoint.errors import CheckpointError
+
+T = TypeVar("T")
 
 
 def _first_line(e: BaseException) -> str:
@@ -37,12 +39,19 @@ def _attempt(fn: Any) -> str | None:
     return None
 
 
-def _agree(error: str | None) -> None:
-    """A collective in place of a barrier: if any rank found ``error``, every rank raises it
-    (the first rank's), so that no rank goes on alone to a collective the others never reach."""
+def _first_of_all(item: T | None) -> T | None:
+    """A collective in place of a barrier: every rank's ``item`` gathered, and the first rank's
+    that is not None returned, the same on every rank (None when no rank has one)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
-        errors: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        error = next((e for e in errors if e), None)
+        items: list[T | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(items, item)
+        return next((i for i in items if i is not None), None)
+    return item
+
+
+def _agree(error: str | None) -> None:
+    """If any rank found ``error``, every rank raises it (the first rank's), so that no rank
+    goes on alone to a collective the others never reach."""
+    error = _first_of_all(error or None)
     if error:
         raise CheckpointError(error)

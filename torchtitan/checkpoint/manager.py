@@ -16,9 +16,17 @@ full training state (or ``checkpoint.load_step``); one that fails to load is rep
 before it is tried. Model-only checkpoints (exports, ``every_save_model_only``) are not resume
 points, except a seed checkpoint at step 0, whose weights start the run.
 
+A save that fails (disk full, permission, I/O error) leaves the previous complete checkpoint as
+it is (nothing is purged before a new one is marked), its own folder is removed, and every rank
+takes the same decision at the same point (``checkpoint.on_save_error``: stop with
+``CheckpointSaveFailed``, or log and train on): DCP raises a write or metadata error on every
+rank; the marker's error (rank 0's) and a background save's (found at different steps) are
+agreed on in one small collective where the ranks meet anyway (``_settle``).
+
 The rest of the package: ``folder`` (scan, marker, and the choices of what to load, set aside and
 purge), ``states``, ``safe_read`` (safe unpickling, ``read_model_weights``), ``collectives``,
-``hf_exchange`` (Hugging Face load and export) and ``hf_files`` (Hugging Face folder I/O).
+``save_failure`` (what a failed save says), ``hf_exchange`` (Hugging Face load and export) and
+``hf_files`` (Hugging Face folder I/O).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -35,7 +43,13 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from torchtitan.checkpoint.collectives import _agree, _barrier, _collective_device, _first_line
+from torchtitan.checkpoint.collectives import (
+    _agree,
+    _barrier,
+    _collective_device,
+    _first_line,
+    _first_of_all,
+)
 from torchtitan.checkpoint.errors import CheckpointError
 from torchtitan.checkpoint.folder import (
     MARKER,
@@ -63,6 +77,15 @@ from torchtitan.checkpoint.safe_read import (
     _check_model_keys,
     _checkpoint_keys,
 )
+from torchtitan.checkpoint.save_failure import (
+    STOP,
+    SaveFailure,
+    Writer,
+    continue_line,
+    describe,
+    found_line,
+    stop_line,
+)
 from torchtitan.checkpoint.states import (
     _EXPORT_DTYPES,
     STATE_KEYS,
@@ -72,6 +95,7 @@ from torchtitan.checkpoint.states import (
 )
 from torchtitan.checkpoint.unfused import apply_merges, plan_unfused_load
 from torchtitan.config_manager import JobConfig
+from torchtitan.errors import CheckpointSaveFailed
 from torchtitan.log import logger
 
 __all__ = ["CheckpointError", "CheckpointManager"]
@@ -121,6 +145,10 @@ class CheckpointManager:
         self.export_ranks = ExportRanks(rank, world_size, self.hf.pp_rank, self.hf.pp_degree)
         self.async_mode = self.cfg.async_mode if self.enabled else "disabled"
         self._pending: _PendingSave | None = None
+        # the (step, model_only) of the newest save started and not known to have failed, and
+        # this rank's failed save that the ranks have not agreed on yet (see _settle)
+        self._started: tuple[int, bool] | None = None
+        self._failure: SaveFailure | None = None
         self._last_save_time = (
             time.monotonic()
         )  # checkpoint.interval_type = "seconds" counts from it
@@ -169,26 +197,45 @@ class CheckpointManager:
             self._last_save_time = time.monotonic()
         return bool(due.item())
 
-    def save_seed(self) -> str:
+    def save_seed(self) -> str | None:
         """``step-0`` with the freshly initialized weights (float32): every later run of this
         job, whatever its layout, starts from them."""
         return self.save(0, model_only=True, export=False)
 
-    def save(self, step: int, *, model_only: bool, export: bool = False) -> str:
-        """Write ``step-{step}``; with ``async_mode`` the write continues in the background and
-        ``COMPLETE`` follows when it has finished (see ``poll``)."""
-        self.wait()  # one save in flight at a time
+    def save_before_exit(self, step: int) -> str | None:
+        """The full training state at ``step``, written before this call returns whatever
+        ``async_mode`` says (a preempted run exits right after); a save of this step already
+        started (in the background, or an interval save just done) is finished instead of
+        written again. None when checkpointing is off, or when the save failed with
+        ``checkpoint.on_save_error = "continue"`` (logged; with "stop" it raises)."""
+        if not self.enabled:
+            return None
+        if self._started == (step, False):  # the same on every rank: saves start together
+            return step_path(self.folder, step) if self.wait() else None
+        return self.save(step, model_only=False, sync=True)
+
+    def save(
+        self, step: int, *, model_only: bool, export: bool = False, sync: bool = False
+    ) -> str | None:
+        """Write ``step-{step}``; with ``async_mode`` (unless ``sync``) the write continues in the
+        background and ``COMPLETE`` follows when it has finished (see ``poll``). A save that fails
+        raises ``CheckpointSaveFailed`` on every rank, or with ``checkpoint.on_save_error =
+        "continue"`` is logged and returns None; the previous complete checkpoint stays."""
+        self._collect()  # one save in flight at a time
         path = step_path(self.folder, step)
         t0 = time.perf_counter()
         if self.rank == 0 and os.path.isdir(path):
-            shutil.rmtree(path)  # a save of this step that did not finish (or an older run's)
-        _barrier()
+            # a save of this step that did not finish (or an older run's); one that cannot be
+            # removed makes DCP fail below, on every rank
+            shutil.rmtree(path, ignore_errors=True)
+        self._settle()  # (the barrier after the removal) how the previous save went, agreed
+        self._started = (step, model_only)
         state = self._state(model_only, cast=export)
         what = "model weights" if model_only else "training state"
-        if self.async_mode == "disabled":
-            dcp.save(state, checkpoint_id=path)
-            self._finish(path, step, model_only)
-            _barrier()
+        if self.async_mode == "disabled" or sync:
+            self._failure = self._write(state, path, step, model_only)
+            if self._settle() is not None:
+                return None
             logger.info(f"Saved {what} at step {step} to {path} in {time.perf_counter() - t0:.2f}s")
             return path
         self._pending = self._start_async(state, path, step, model_only)
@@ -198,8 +245,16 @@ class CheckpointManager:
         )
         return path
 
+    def _write(self, state: dict, path: str, step: int, model_only: bool) -> SaveFailure | None:
+        """A synchronous save: DCP's write (its errors reach every rank), then the marker."""
+        try:
+            dcp.save(state, storage_writer=Writer(path))
+        except (Exception, CheckpointException) as e:  # DCP gathers every rank's write error
+            return self._failed(path, step, e)
+        return self._finish(path, step, model_only)
+
     def _start_async(self, state: dict, path: str, step: int, model_only: bool) -> _PendingSave:
-        writer = dcp.FileSystemWriter(path)
+        writer = Writer(path)
         if self.async_mode == "async":
             # staged (copied to CPU) before async_save returns; written by a thread
             future = dcp.async_save(state, storage_writer=writer, process_group=self._pg)
@@ -234,48 +289,91 @@ class CheckpointManager:
             self._pending.staging = None
 
     def poll(self) -> None:
-        """Mark a finished background save complete (cheap; called every step)."""
+        """Mark a finished background save complete (cheap, no collective; called every step).
+        A failure is only noted here: the ranks find out at different steps, and act on it
+        together at the next save, a save before exit or the end (``wait``)."""
         if self._pending is not None and self._pending.upload.done():
-            self.wait()
+            self._collect()
 
-    def wait(self) -> None:
-        """Block until the save in flight (if any) is written, then mark it complete."""
+    def wait(self) -> bool:
+        """Block until the save in flight (if any) is written and marked complete, then agree
+        with every rank on how the saves since the last agreement went (a collective: every
+        rank calls it at the same point). False when one failed and training goes on
+        (``on_save_error = "continue"``); with "stop", ``CheckpointSaveFailed`` is raised."""
+        self._collect()
+        return self._settle() is None
+
+    def _collect(self) -> None:
+        """This rank's end of the background save in flight: wait for its files, then rank 0
+        marks it complete; a failure is kept (and logged) for ``_settle``."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
         try:
             pending.upload.result()
         except BaseException as e:  # noqa: B036 - DCP raises CheckpointException (BaseException)
+            self._failure = self._failed(pending.path, pending.step, e)
+        else:
+            self._failure = self._finish(pending.path, pending.step, pending.model_only)
+        if self._failure is not None:
+            self._failure = replace(self._failure, logged=True)
+            last = pending.step >= self.total_steps
             logger.error(
-                f"Background save to {pending.path} failed ({type(e).__name__}: "
-                f"{_first_line(e)}); it stays unmarked and will be removed"
+                found_line(self._failure, self.cfg.on_save_error, self.newest_complete(), last)
             )
             return
-        self._finish(pending.path, pending.step, pending.model_only)
         logger.info(
             f"Saved {'model weights' if pending.model_only else 'training state'} at step "
             f"{pending.step} to {pending.path} (written {time.perf_counter() - pending.t0:.2f}s "
             "after training resumed)"
         )
 
-    def _finish(self, path: str, step: int, model_only: bool) -> None:
-        if self.rank != 0:  # rank 0's save returns after every rank's data and the metadata
-            return
+    def _finish(self, path: str, step: int, model_only: bool) -> SaveFailure | None:
+        """Rank 0 marks ``path`` complete once every rank's data and the metadata are written
+        (its DCP save returns only then), and only then purges older ones."""
+        if self.rank != 0:
+            return None
         try:
             write_marker(path, step, model_only, self.world_size)
-            self._purge(keep=path)
-        except OSError as e:  # only rank 0 is here: raising would leave the others waiting
-            logger.error(
-                f"Checkpoint {path} could not be marked complete ({e}); it stays unmarked and "
-                "will be removed at the next start"
-            )
+        except OSError as e:  # only rank 0 knows: _settle tells the others
+            return self._failed(path, step, e)
+        self._purge(keep=path)
+        return None
+
+    def _failed(self, path: str, step: int, e: BaseException) -> SaveFailure:
+        """The save into ``path`` failed: rank 0 removes its folder (never marked; every rank's
+        writing has ended, DCP reports an error only after gathering them all) to free the
+        space, as far as it can."""
+        if self.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+        return SaveFailure(path, step, describe(e, self.world_size))
+
+    def _settle(self) -> SaveFailure | None:
+        """Every rank agrees (one small collective) on the failure any rank holds, and acts on
+        it alike: with ``on_save_error = "stop"`` all raise ``CheckpointSaveFailed``, else the
+        ranks that have not logged it yet do, and training goes on. Returns the failure."""
+        mine, self._failure = self._failure, None
+        failure = _first_of_all(mine)
+        if failure is None:
+            return None
+        if self._started is not None and self._started[0] == failure.step:
+            self._started = None  # not written: a save before exit at that step writes anew
+        newest = self.newest_complete()
+        if self.cfg.on_save_error == STOP:
+            raise CheckpointSaveFailed(stop_line(failure, newest))
+        if mine is None or not mine.logged:
+            logger.error(continue_line(failure, newest, last=failure.step >= self.total_steps))
+        return failure
 
     def close(self) -> None:
-        """End of training: the last background save is finished and marked."""
-        self.wait()
-        if self._stager is not None:
-            self._stager.close()
-            self._stager = None
+        """End of training: the last background save is finished and marked (or its failure,
+        and any earlier one not yet agreed on, is acted on)."""
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
 
     def _state(self, model_only: bool, cast: bool) -> dict[str, Any]:
         """What a save writes; ``cast``: model weights in ``checkpoint.export_dtype``."""
