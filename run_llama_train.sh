@@ -16,6 +16,8 @@
 #   LOG_RANK     comma-separated local ranks whose output is shown (default: 0)
 #   MAX_RESTARTS times torchrun restarts all workers after one fails (default: 0); with
 #                checkpoint.enable they resume from the newest complete checkpoint
+#   TORCH_ELASTIC_SHUTDOWN_TIMEOUT  seconds torchrun gives the workers to save and stop after a
+#                stop signal before it kills them (default here: 300; torchrun's own: 30)
 #   RDZV_ID      rendezvous id shared by the nodes of one job (default: SLURM_JOB_ID, else torchtitan)
 #   PYTHON       Python interpreter (default: the active virtual environment's, else this
 #                checkout's .venv if it has one, else python3)
@@ -134,19 +136,44 @@ hide_report_after_user_error() {
     [ "$hiding" = 1 ] || printf '%s\n' "$line"
   done
 }
+# A stop signal (Kubernetes' SIGTERM, Slurm's --signal, a kill of this script) goes on to torchrun,
+# which passes it to the workers: they save at the next agreed step and exit with code 160. torchrun
+# waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds for them before it kills them (docs/reliability.md).
+# (torchrun's --signals-to-handle, read from PET_SIGNALS_TO_HANDLE, sets TORCHELASTIC_SIGNALS_TO_HANDLE)
+export PET_SIGNALS_TO_HANDLE=${PET_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2}
+export TORCHELASTIC_SIGNALS_TO_HANDLE=$PET_SIGNALS_TO_HANDLE
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-300}
 set +e
-exec 3>&1
-"${cmd[@]}" 2>&1 1>&3 3>&- | hide_report_after_user_error >&2
-rc=${PIPESTATUS[0]}
+exec {filter}> >(trap '' TERM USR1 USR2 HUP; hide_report_after_user_error >&2)
+filter_pid=$!
+"${cmd[@]}" 2>&"$filter" &
+trainer=$!
+signaled=0
+for sig in TERM USR1 USR2 HUP; do
+  # shellcheck disable=SC2064  # $sig is meant to be expanded now
+  trap "signaled=1; kill -s $sig $trainer 2>/dev/null" "$sig"
+done
+while :; do
+  signaled=0
+  wait "$trainer"
+  rc=$?
+  [ "$signaled" = 1 ] || break  # wait was cut short by a signal: the trainer may still run
+done
+trap - TERM USR1 USR2 HUP
+exec {filter}>&-
+wait "$filter_pid" 2>/dev/null
 set -e
 if [ -s "$TORCHTITAN_ERROR_FILE" ]; then
   # the first rank's lines (one per problem), each once; after a collective timeout (code 4)
   # every rank's line: together they say who waited where
+  # code 160 (preempted, saved) is not an error: the first rank's line as it is
   code=$(head -n 1 "$TORCHTITAN_ERROR_FILE" | cut -f 1)
   prefix=$(head -n 1 "$TORCHTITAN_ERROR_FILE" | cut -f 2- | grep -o '^rank [0-9]*: ' || true)
   [ "$code" != 4 ] || prefix=""
+  label="error: "
+  [ "$code" != 160 ] || label=""
   cut -f 2- "$TORCHTITAN_ERROR_FILE" |
-    awk -v p="$prefix" 'substr($0, 1, length(p)) == p && !seen[$0]++ { print "error: " $0 }' >&2
+    awk -v p="$prefix" -v l="$label" 'substr($0, 1, length(p)) == p && !seen[$0]++ { print l $0 }' >&2
   exit "$code"
 fi
 exit "$rc"

@@ -24,11 +24,13 @@ from torchtitan.config_manager import JobConfig, help_text, parse_args, save_con
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.expert_load import ExpertLoad
 from torchtitan.errors import TorchTitanError, another_rank_reported, report_user_error
-from torchtitan.guards import stop_if_diverged
+from torchtitan.guards import LossSpikeGuard, stop_if_diverged
 from torchtitan.log import add_log_file, init_logger, logger
 from torchtitan.metrics import MetricsProcessor, build_sinks, mean_over
+from torchtitan.preemption import Preempted, Preemption
 from torchtitan.profiling import profiled_steps
 from torchtitan.step import StepRunner
+from torchtitan.stragglers import StragglerReport
 from torchtitan.validation import Validator
 from torchtitan.watchdog import HangWatchdog
 
@@ -39,6 +41,8 @@ def train(job_config: JobConfig) -> None:
     # ---- processes, devices, the checked plan of the job, seeds
     rt = builders.init_runtime(job_config)
     _log_start(job_config, rt)
+    # a stop signal from here on is acted on after a step: saved there, exit code 160
+    preemption = Preemption(job_config.resilience.preemption_signals)
     startup.lap("config and process group")
 
     # ---- tokenizer and data: each data-parallel rank reads its own share of every step
@@ -80,7 +84,7 @@ def train(job_config: JobConfig) -> None:
 
     # ---- the training loop
     loop = Loop(job_config, rt, model.parts, runner, optimizer, lr_scheduler, metrics,
-                checkpointer, validator, train_state)  # fmt: skip
+                checkpointer, validator, train_state, preemption)  # fmt: skip
     loop.run(iter(dataloader), startup)
     checkpointer.close()  # the last background save, if any, is written and marked complete
     metrics.close()
@@ -125,6 +129,7 @@ class Loop:
     checkpointer: CheckpointManager
     validator: Validator | None
     train_state: TrainState
+    preemption: Preemption
 
     @cached_property
     def expert_load(self) -> ExpertLoad:
@@ -139,6 +144,18 @@ class Loop:
                             factor=r.hang_watchdog_factor, floor_s=r.hang_watchdog_floor_seconds)  # fmt: skip
 
     @cached_property
+    def stragglers(self) -> StragglerReport:
+        """The slowest rank every log step (docs/reliability.md); off with one rank."""
+        return StragglerReport(self.job_config.resilience.straggler_threshold, rank=self.rt.rank,
+                               world_size=self.rt.world_size, device=self.rt.device)  # fmt: skip
+
+    @cached_property
+    def spike_guard(self) -> LossSpikeGuard:
+        r = self.job_config.resilience
+        return LossSpikeGuard(r.loss_spike_zscore, r.loss_spike_window, r.loss_spike_warmup_steps,
+                              r.loss_spike_max_consecutive)  # fmt: skip
+
+    @cached_property
     def params(self) -> list[torch.nn.Parameter]:
         """This rank's parameters, listed once for gradient clipping."""
         return [p for m in self.parts for p in m.parameters()]
@@ -150,29 +167,67 @@ class Loop:
             return
         gc_handler = runtime.GarbageCollection(t.gc_freq)
         with (
+            self.preemption,
             self.hang_watchdog() as watchdog,
             profiled_steps(self.job_config, self.rt.rank, first - 1) as profiler,
         ):
             for step in range(first, t.steps + 1):
                 gc_handler.run(step)
                 watchdog.begin(step)
+                self.stragglers.begin(step)
                 loss, grad_norm = self.step(data_iter)
                 stop_if_diverged(step, loss, grad_norm, self.checkpointer)
-                lr = self.optimizer_step(step)
+                lr = self.optimizer_step(step, skip=self.skips_update(step, loss))
+                self.stragglers.end(step, data_wait_s=self.metrics.data_loading_times[-1])
                 if self.metrics.should_log(step) or step == t.steps:  # the last step always
-                    loss = mean_over(loss, self.rt.dims.loss_mesh)
-                    moe = self.expert_load.metrics() if self.expert_load else {}
-                    self.metrics.log(step, loss, float(grad_norm), lr, extra=moe)
+                    self.log(step, loss, grad_norm, lr)
                 watchdog.end(step)
                 if self.validator is not None and self.validator.due(step):
                     self.metrics.log_validation(step, *self.validator.run())
-                self.checkpointer.maybe_save(step)
+                if not self.spike_guard.consecutive or step == t.steps:  # not amid spikes
+                    self.checkpointer.maybe_save(step)
+                if step < t.steps:
+                    self.stop_if_preempted(step)
                 profiler.step(step)
                 if startup is not None:  # first step of this run (compilation happens here)
                     dist_utils.set_train_timeout(self.job_config.comm)
                     startup.lap("first step")
                     logger.info(startup.summary())
                     startup = None
+
+    def log(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+        """The step's metrics: the loss averaged over the ranks, MoE load, stragglers, spikes."""
+        extra = self.expert_load.metrics() if self.expert_load else {}
+        extra |= self.stragglers.report(step)
+        if self.spike_guard.enabled:
+            extra["loss_spikes/skipped"] = float(self.spike_guard.skipped)
+        loss_value = mean_over(loss, self.rt.dims.loss_mesh)
+        self.metrics.log(step, loss_value, float(grad_norm), lr, extra=extra)
+
+    def skips_update(self, step: int, loss: torch.Tensor) -> bool:
+        """Whether the loss spike guard skips this step's update (the loss over every rank)."""
+        if not self.spike_guard.enabled:
+            return False
+        batch = self.rt.plan.global_batch_size
+        position = (f"global batch {step} of the data stream: its sequences {(step - 1) * batch}"
+                    f"-{step * batch - 1}, after {self.train_state.ntokens_seen:,} tokens")  # fmt: skip
+        loss_value = mean_over(loss, self.rt.dims.loss_mesh)
+        return self.spike_guard.skips(step, loss_value, position, self.checkpointer)
+
+    def stop_if_preempted(self, step: int) -> None:
+        """After a stop signal reached any rank, every rank saves this step and exits (code 160)."""
+        if (sig := self.preemption.agreed()) is None:
+            return
+        logger.warning(f"{sig.name} received: saving step {step} before stopping")
+        path = self.checkpointer.save_before_exit(step)
+        if path:
+            saved = f"saved to {path}"
+        elif self.job_config.checkpoint.enable:
+            saved = "its save failed (see the log), the newest complete checkpoint stays"
+        else:
+            saved = "nothing saved (checkpoint.enable is false)"
+        raise Preempted(f"preempted by {sig.name} after step {step}: {saved}; start the job "
+                        "again to resume")  # fmt: skip
 
     def step(self, data_iter: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward over the accumulation steps: (summed loss, clipped grad norm).
@@ -195,15 +250,17 @@ class Loop:
             self.params, max_norm, pp_group=self.rt.dims.pp_group
         )
 
-    def optimizer_step(self, step: int) -> float:
-        """The update (after a background save has copied the weights it needs); the lr used."""
+    def optimizer_step(self, step: int, skip: bool = False) -> float:
+        """The update (after a background save has copied the weights it needs); the lr used.
+        A skipped update changes nothing, nor does the schedule move; the batch is consumed."""
         self.checkpointer.wait_for_staging()
-        self.optimizer.step()
-        if self.expert_load:  # the routing biases move with the step's load
-            self.expert_load.end_step()
-        float8.after_optimizer_step(self.parts, self.job_config)
         lr = self.lr_scheduler.get_last_lr()[0]
-        self.lr_scheduler.step()
+        if not skip:
+            self.optimizer.step()
+            if self.expert_load:  # the routing biases move with the step's load
+                self.expert_load.end_step()
+            float8.after_optimizer_step(self.parts, self.job_config)
+            self.lr_scheduler.step()
         tokens = self.rt.plan.global_batch_size * self.job_config.training.seq_len
         self.train_state.step = step
         self.train_state.ntokens_seen += tokens

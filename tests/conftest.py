@@ -14,7 +14,7 @@ import torch
 # Helpers whose checks are asserts: pytest's detailed assertion messages there as in a test file.
 pytest.register_assert_rewrite("download_scripts", "norm_checks")
 
-from launcher import FOUR_WORKER_ARGS, launch, tensorboard_scalars  # noqa: E402
+from launcher import FOUR_WORKER_ARGS, PREEMPT_ARGS, launch, tensorboard_scalars  # noqa: E402
 
 EXTENDED = (
     "extended tier: a variation whose code paths a CI test already covers; "
@@ -48,6 +48,16 @@ def shared_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCHTITAN_TEST_SHARED_CACHE", str(folder))
         yield folder
+
+
+@pytest.fixture(scope="session")
+def one_host_preempt_losses(tmp_path_factory) -> dict[int, float]:
+    """Per-step losses of PREEMPT_ARGS as 4 processes on one machine, unbroken: what a preempted
+    and resumed job (on a Slurm cluster, on two network-namespace hosts) must reproduce."""
+    tmp = tmp_path_factory.mktemp("one_host_preempt")
+    out = launch(tmp, *PREEMPT_ARGS, ngpu=4)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return tensorboard_scalars(tmp / "out")
 
 
 @pytest.fixture(scope="session")

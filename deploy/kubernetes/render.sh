@@ -21,6 +21,11 @@
 #                  libfabric and the aws-ofi-nccl plugin (docs/kubernetes.md)
 #   EFA_DEVICES    [1] EFA devices per pod: all of the node's (p4d.24xlarge: 4, p5.48xlarge: 32)
 #   MAX_RESTARTS   [0] times torchrun restarts a pod's workers after one fails
+#   GRACE_SECONDS  [330] the pods' terminationGracePeriodSeconds: after SIGTERM (a preemption, a
+#                  drained node, kubectl delete) the workers save at the next step and exit with code
+#                  160; torchrun gives them GRACE_SECONDS - 30 before it kills them, Kubernetes kills
+#                  the pod at GRACE_SECONDS. Make it at least two steps plus one save plus 30
+#                  (docs/reliability.md)
 #   BACKOFF_LIMIT  [3] times the operator recreates killed pods (exit code 137, 143) before the job fails
 #   MASTER_PORT    [23456] the rendezvous port on the Master pod
 #   SHM_SIZE       [64Gi] the most memory /dev/shm (a memory-backed emptyDir) may hold
@@ -106,6 +111,7 @@ DUMP_FOLDER=${DUMP_FOLDER:-$MOUNT_PATH/$JOB_NAME}
 EFA=${EFA:-0}
 EFA_DEVICES=${EFA_DEVICES:-1}
 MAX_RESTARTS=${MAX_RESTARTS:-0}
+GRACE_SECONDS=${GRACE_SECONDS:-330}
 BACKOFF_LIMIT=${BACKOFF_LIMIT:-3}
 MASTER_PORT=${MASTER_PORT:-23456}
 SHM_SIZE=${SHM_SIZE:-64Gi}
@@ -122,6 +128,8 @@ check DUMP_FOLDER "$abs_path" "must be an absolute path (letters, digits, '._/-'
 check EFA '^[01]$' "must be 0 or 1"
 check EFA_DEVICES "$positive" "EFA devices per pod must be a positive integer"
 check MAX_RESTARTS "$count" "must be a non-negative integer"
+check GRACE_SECONDS "$positive" "must be a whole number of seconds, at least 60"
+[ "$GRACE_SECONDS" -ge 60 ] || fail "GRACE_SECONDS=$GRACE_SECONDS: must be a whole number of seconds, at least 60"
 check BACKOFF_LIMIT "$count" "must be a non-negative integer"
 check MASTER_PORT '^[1-9][0-9]{0,4}$' "must be a TCP port number (1..65535)"
 [ "$MASTER_PORT" -le 65535 ] || fail "MASTER_PORT=$MASTER_PORT: must be a TCP port number (1..65535)"
@@ -134,9 +142,12 @@ for arg in --job.dump_folder "$DUMP_FOLDER" "$@"; do
   TRAIN_ARGS+="${TRAIN_ARGS:+, }$(yaml_string "$arg")"
 done
 WORKERS=$((NNODES - 1))
+# shellcheck disable=SC2034  # used by render (envsubst)
+SHUTDOWN_TIMEOUT=$((GRACE_SECONDS - 30))  # torchrun's wait for the workers to save and stop
 [ "$EFA" = 1 ] || sed_drop+=(-e '/# efa$/d')
 [ "$WORKERS" -gt 0 ] || sed_drop+=(-e '/# workers$/d')
 
 echo "# torchtitan PyTorchJob from deploy/kubernetes/render.sh: NNODES=$NNODES GPUS_PER_NODE=$GPUS_PER_NODE EFA=$EFA"
 render "$here/pytorchjob.yaml" JOB_NAME IMAGE PULL_POLICY TRAIN_ARGS GPUS_PER_NODE CONFIG_FILE \
-  MAX_RESTARTS BACKOFF_LIMIT MASTER_PORT EFA_DEVICES MOUNT_PATH SHM_SIZE PVC_NAME WORKERS
+  MAX_RESTARTS BACKOFF_LIMIT MASTER_PORT EFA_DEVICES MOUNT_PATH SHM_SIZE PVC_NAME WORKERS \
+  GRACE_SECONDS SHUTDOWN_TIMEOUT

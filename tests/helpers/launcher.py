@@ -20,6 +20,10 @@ FOUR_WORKER_ARGS = [
     "--debug.seed", "42",
     "--debug.deterministic",
 ]  # fmt: skip
+# A longer run of the same job with checkpoints, that the preemption tests stop and resume: what it
+# saves is the preemption's save and the last step's.
+PREEMPT_ARGS = [*FOUR_WORKER_ARGS, "--training.steps=16", "--checkpoint.enable=true",
+                "--checkpoint.interval=1000"]  # fmt: skip
 # The equivalence proofs (tests/e2e/test_parallel_equivalence.py, test_qwen3_parallel.py): every
 # layout trains EQUIVALENCE_STEPS steps of a global batch of 8 sequences, seeded, deterministic.
 EQUIVALENCE_STEPS = 8

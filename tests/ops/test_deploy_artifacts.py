@@ -246,7 +246,8 @@ CASES = {
     "4 nodes, EFA": ({"NNODES": "4", "GPUS_PER_NODE": "8", "EFA": "1", "EFA_DEVICES": "32"}, ()),
     "2 nodes, EFA off, overrides": (
         {"NNODES": "2", "GPUS_PER_NODE": "4", "EFA": "0", "CONFIG_FILE": "train_configs/llama3_8b.toml",
-         "PVC_NAME": "team-a.scratch", "MOUNT_PATH": "/data", "MAX_RESTARTS": "2"},
+         "PVC_NAME": "team-a.scratch", "MOUNT_PATH": "/data", "MAX_RESTARTS": "2",
+         "GRACE_SECONDS": "900"},
         ("--training.steps", "100", "--job.description", 'say "hi" $(HOME) \\o/'),
     ),
 }  # fmt: skip
@@ -300,6 +301,10 @@ def test_rendered_pytorchjob_is_exactly_what_the_kubeflow_sdk_knows(case: str) -
         assert (ROOT / env["CONFIG_FILE"]).is_file()
         assert env["MAX_RESTARTS"] == variables.get("MAX_RESTARTS", "0")
         assert ("FI_PROVIDER" in env) == efa and env.get("FI_PROVIDER", "efa") == "efa"
+        # SIGTERM: torchrun waits for the workers' save 30 s less than Kubernetes waits for the pod
+        grace = int(variables.get("GRACE_SECONDS", "330"))
+        assert pod["terminationGracePeriodSeconds"] == grace
+        assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(grace - 30)
 
         volumes = {volume["name"]: volume for volume in pod["volumes"]}
         mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
@@ -421,6 +426,8 @@ BAD_INPUTS = [
     ((), {"IMAGE": "img:1", "JOB_NAME": "Llama_8B"}, "JOB_NAME=Llama_8B"),
     ((), {"IMAGE": "img:1", "CONFIG_FILE": "llama.yaml"}, "CONFIG_FILE=llama.yaml"),
     ((), {"IMAGE": "img:1", "MASTER_PORT": "70000"}, "MASTER_PORT=70000"),
+    ((), {"IMAGE": "img:1", "GRACE_SECONDS": "30"}, "GRACE_SECONDS=30: must be a whole number"),
+    ((), {"IMAGE": "img:1", "GRACE_SECONDS": "5m"}, "GRACE_SECONDS=5m: must be a whole number"),
     ((), {"IMAGE": "img:1", "MOUNT_PATH": "data"}, "MOUNT_PATH=data: must be an absolute path"),
     ((), {"IMAGE": "bad image"}, "IMAGE=bad image"),
     (("--training.steps", "1\n2"), {"IMAGE": "img:1"}, "control characters"),

@@ -10,10 +10,19 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from launcher import FOUR_WORKER_ARGS, tensorboard_scalars, train_env
+from launcher import (
+    FOUR_WORKER_ARGS,
+    PREEMPT_ARGS,
+    STEP_RE,
+    tensorboard_scalars,
+    tensorboard_scalars_all_runs,
+    train_env,
+    worker_pids,
+)
 from repo_paths import ROOT
 from tiers import params
 
@@ -160,27 +169,45 @@ def _hostname(namespace: str) -> str:
     return namespace.replace("_", "-")
 
 
-def _run_on_two_hosts(
-    tmp_path: Path, hosts: list[str], node_env: list[dict[str, str]]
-) -> list[str]:
-    """Start the launcher in both namespaces at once; return each one's output."""
+def _start_on_two_hosts(
+    tmp_path: Path, hosts: list[str], node_env: list[dict[str, str]], args: list[str]
+) -> list[subprocess.Popen]:
+    """The launcher started in both namespaces at once, each as its own host (the pid of each
+    process ends up the launcher's: ``ip netns exec``, ``unshare`` and ``sh`` exec)."""
     procs = []
     for host, extra in zip(hosts, node_env):
         env = {k: v for k, v in train_env(tmp_path).items() if not _is_launch_variable(k)}
         env.update(extra, NGPU="2")
         as_host = ["ip", "netns", "exec", host, "unshare", "--uts", "sh", "-c",
                    'hostname "$0" && exec "$@"', _hostname(host)]  # fmt: skip
-        cmd = [*as_host, SCRIPT, "--job.dump_folder", str(tmp_path / "out"), *FOUR_WORKER_ARGS]
+        cmd = [*as_host, SCRIPT, "--job.dump_folder", str(tmp_path / "out"), *args]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True))  # fmt: skip
-    outputs = []
+    return procs
+
+
+def _outputs(procs: list[subprocess.Popen], marker: str) -> list[str]:
+    """Each launcher's output once it has ended; every process left is killed (the launchers'
+    sessions, and by pid the workers whose command line holds ``marker``)."""
     try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=600)[0])
+        return [proc.communicate(timeout=600)[0] for proc in procs]
     finally:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+        for pid in worker_pids(marker).values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _run_on_two_hosts(
+    tmp_path: Path, hosts: list[str], node_env: list[dict[str, str]], args: list[str]
+) -> list[str]:
+    """Run the launcher in both namespaces at once; each one's output (both must succeed)."""
+    procs = _start_on_two_hosts(tmp_path, hosts, node_env, args)
+    outputs = _outputs(procs, str(tmp_path / "out"))
     for proc, output in zip(procs, outputs):
         assert proc.returncode == 0, output[-4000:]
     return outputs
@@ -203,7 +230,7 @@ def test_two_hosts_train_as_one_job_of_four(tmp_path, two_hosts, one_host_losses
                                    "PET_NPROC_PER_NODE": "2", "WORLD_SIZE": "4", "RANK": str(r),
                                    "MASTER_ADDR": master, "MASTER_PORT": "29513"},
     }[style]  # fmt: skip
-    outputs = _run_on_two_hosts(tmp_path, two_hosts, [per_node(0), per_node(1)])
+    outputs = _run_on_two_hosts(tmp_path, two_hosts, [per_node(0), per_node(1)], FOUR_WORKER_ARGS)
     for rank, output in enumerate(outputs):
         assert f"nnodes=2 node_rank={rank} nproc_per_node=2 world_size=4" in output, output[:2000]
         assert "world_size=4 dp_replicate=1 dp_shard=4" in output, output[-2000:]
@@ -212,3 +239,48 @@ def test_two_hosts_train_as_one_job_of_four(tmp_path, two_hosts, one_host_losses
     for step, loss in losses.items():
         # the same FSDP 4 layout as on one host: the same reductions over gloo
         assert abs(loss - one_host_losses[step]) <= 1e-5, (step, loss, one_host_losses[step])
+
+
+def _last_step(log: Path) -> int:
+    """The last step a rank's log file shows (0 before the first)."""
+    text = log.read_text() if log.exists() else ""
+    return max((int(s) for s, _ in STEP_RE.findall(text)), default=0)
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_pod_saves_every_rank_and_the_job_resumes(
+    tmp_path, two_hosts, one_host_preempt_losses
+):
+    """What Kubernetes does to a pod it evicts: SIGTERM to that pod's launcher only. The other
+    pod's workers learn of it at a step boundary; all four save the same step and both pods exit
+    with 160; both started again resume there as if never stopped."""
+    node_env = [{"NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": f"{SUBNET}.1",
+                 "MASTER_PORT": "29514"} for r in (0, 1)]  # fmt: skip
+    out = tmp_path / "out"
+    procs = _start_on_two_hosts(tmp_path, two_hosts, node_env, PREEMPT_ARGS)
+    try:
+        deadline = time.time() + 300
+        while _last_step(out / "logs" / "rank_0.log") < 5:
+            assert time.time() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.1)
+        os.kill(procs[1].pid, signal.SIGTERM)
+    finally:
+        outputs = _outputs(procs, str(out))
+    saved = []
+    for proc, output in zip(procs, outputs):
+        assert proc.returncode == 160, output[-4000:]
+        lines = [ln for ln in output.splitlines() if ln.startswith("preempted by SIGTERM after")]
+        assert len(lines) == 1 and "Traceback" not in output, output[-4000:]
+        saved.append(lines[0])
+    assert saved[0] == saved[1], saved  # the same step, saved by every rank
+    step = int(saved[0].split("after step ")[1].split(":")[0])
+    assert saved[0].endswith(
+        f"saved to {out}/checkpoint/step-{step}; start the job again to resume"
+    )
+
+    outputs = _run_on_two_hosts(tmp_path, two_hosts, node_env, PREEMPT_ARGS)
+    assert f"Loaded training state from {out}/checkpoint/step-{step}" in outputs[0]
+    losses = tensorboard_scalars_all_runs(out)
+    assert sorted(losses) == list(range(1, 17))
+    for s, loss in losses.items():
+        assert abs(loss - one_host_preempt_losses[s]) <= 1e-6, (s, loss)

@@ -18,7 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher import FOUR_WORKER_ARGS, tensorboard_scalars, train_env
+from launcher import (
+    FOUR_WORKER_ARGS,
+    PREEMPT_ARGS,
+    STEP_RE,
+    tensorboard_scalars,
+    tensorboard_scalars_all_runs,
+    train_env,
+)
 from repo_paths import ROOT
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -163,26 +170,43 @@ def slurm():
 def _submit(env: dict[str, str], tmp_path: Path, *args: str) -> tuple[str, str]:
     """sbatch --nodes=2 multinode_trainer.slurm ARGS from the checkout; waits for the job to
     end (polling scontrol: sbatch --wait polls slowly) and returns its state and output."""
+    job = _sbatch(env, tmp_path, *args)
+    return _wait(env, job), _output(tmp_path, job)
+
+
+def _sbatch(env: dict[str, str], tmp_path: Path, *args: str) -> str:
+    """The job id of ``sbatch --nodes=2 multinode_trainer.slurm ARGS``, NGPU=2 per node."""
     job_env = train_env(tmp_path, **{"SLURM_CONF": env["SLURM_CONF"], "NGPU": "2"})
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", f"--output={tmp_path}/%x-%j.out",
          "multinode_trainer.slurm", f"--job.dump_folder={tmp_path}/out", *args],
         cwd=ROOT, env=job_env, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    job = submitted.stdout.strip().split(";")[0]
-    deadline = time.time() + 600
+    return submitted.stdout.strip().split(";")[0]
+
+
+def _output(tmp_path: Path, job: str) -> str:
+    path = tmp_path / f"torchtitan-{job}.out"
+    return path.read_text() if path.exists() else ""
+
+
+def _job_field(env: dict[str, str], job: str, field: str) -> str:
+    info = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
+                          text=True).stdout  # fmt: skip
+    return next((w.split("=", 1)[1] for w in info.split() if w.startswith(f"{field}=")), "")
+
+
+def _wait(env: dict[str, str], job: str, timeout: float = 600) -> str:
+    """The job's final state, polled until it has one (a requeued job runs again first)."""
+    deadline = time.time() + timeout
     state = ""
     while time.time() < deadline:
-        info = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
-                              text=True).stdout  # fmt: skip
-        state = next((w.split("=")[1] for w in info.split() if w.startswith("JobState=")), "")
-        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", ""):
-            break
+        state = _job_field(env, job, "JobState")
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", ""):
+            return state
         time.sleep(1)
-    else:
-        subprocess.run(["scancel", job], env=env)
-        pytest.fail(f"job {job} still {state} after 600 s")
-    return state, (tmp_path / f"torchtitan-{job}.out").read_text()
+    subprocess.run(["scancel", job], env=env)
+    pytest.fail(f"job {job} still {state} after {timeout} s")
 
 
 @pytest.mark.slow
@@ -206,3 +230,39 @@ def test_a_bad_override_fails_the_job_with_one_line_per_node(slurm, tmp_path):
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "training.stepz" in errors[0], output[-3000:]
     assert "Traceback" not in output
+
+
+@pytest.mark.slow
+def test_the_time_limit_signal_saves_requeues_and_the_job_resumes_exactly(
+    slurm, tmp_path, one_host_preempt_losses
+):
+    """``scancel --batch --signal=USR1`` is what ``#SBATCH --signal=B:USR1@300`` sends ahead of
+    the time limit: the script passes it to srun, every worker saves the same step and exits
+    with 160, the script requeues the job, and the job run again resumes from that step."""
+    job = _sbatch(slurm, tmp_path, *PREEMPT_ARGS)
+    deadline = time.time() + 300
+    while max((int(s) for s, _ in STEP_RE.findall(_output(tmp_path, job))), default=0) < 5:
+        assert time.time() < deadline, _output(tmp_path, job)[-3000:]
+        assert _job_field(slurm, job, "JobState") in ("PENDING", "RUNNING", "CONFIGURING")
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=slurm, check=True)
+    # A requeued job waits before it is eligible again (Slurm sets its begin time ahead); an
+    # administrator's `scontrol update StartTime=now` saves this test that wait.
+    deadline = time.time() + 300
+    while _job_field(slurm, job, "Restarts") != "1":
+        assert time.time() < deadline, _output(tmp_path, job)[-3000:]
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm)
+    state = _wait(slurm, job)
+    output = _output(tmp_path, job)
+    assert state == "COMPLETED", output[-4000:]
+    assert _job_field(slurm, job, "Restarts") == "1", output[-4000:]
+    saved = [ln for ln in output.splitlines() if ln.startswith("preempted by SIGUSR1 after step")]
+    assert len(saved) == 2, output[-4000:]  # one line from each node's launcher
+    step = int(saved[0].split("after step ")[1].split(":")[0])
+    assert f"slurm: job {job} preempted and saved (restart 0): requeued to resume" in output
+    assert f"Loaded training state from {tmp_path}/out/checkpoint/step-{step}" in output
+    losses = tensorboard_scalars_all_runs(tmp_path / "out")
+    assert sorted(losses) == list(range(1, 17))
+    for s, loss in losses.items():
+        assert abs(loss - one_host_preempt_losses[s]) <= 1e-6, (s, loss)

@@ -1,0 +1,124 @@
+"""Preemption for real: a stop signal to the launcher (as Kubernetes and Slurm send it) or to one
+worker makes every rank save the same step and exit with code 160, and the job started again
+continues exactly where an unbroken run would be. Each run is bounded in time and every process
+it started is cleaned up by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from launcher import (
+    launch,
+    tensorboard_scalars,
+    tensorboard_scalars_all_runs,
+    train_env,
+    worker_pids,
+)
+from repo_paths import ROOT
+
+from torchtitan.checkpoint.folder import read_marker
+
+STEPS = 16
+ARGS = [
+    "--training.steps", str(STEPS),
+    "--training.seq_len", "64",
+    "--training.local_batch_size", "2",
+    "--metrics.log_freq", "1",
+    "--debug.seed", "42",
+    "--debug.deterministic",
+    "--checkpoint.enable", "true",
+    "--checkpoint.interval", "1000",  # only the preemption's save and the last step's
+]  # fmt: skip
+
+
+def _logged_steps(log: Path) -> int:
+    """The last step rank 0's log file shows (0 before the first)."""
+    if not log.exists():
+        return 0
+    lines = [ln for ln in log.read_text().splitlines() if "step:" in ln and "loss:" in ln]
+    return max((int(ln.split("step:")[1].split()[0]) for ln in lines), default=0)
+
+
+def _signal_mid_run(tmp_path: Path, sig: signal.Signals, to_rank: int | None) -> tuple[int, str]:
+    """Start the 2-process run, send ``sig`` after step 5 to the launcher (``to_rank`` None) or
+    to that rank's worker alone; (exit code, output)."""
+    out = tmp_path / "out"
+    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(out), *ARGS]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=train_env(tmp_path, NGPU="2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    pids: list[int] = []
+    try:
+        deadline = time.time() + 300
+        while _logged_steps(out / "logs" / "rank_0.log") < 5 and time.time() < deadline:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.05)
+        ranks = worker_pids(str(out))
+        pids = list(ranks.values())
+        assert sorted(ranks) == [0, 1], ranks
+        os.kill(proc.pid if to_rank is None else ranks[to_rank], sig)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+    return proc.returncode, output
+
+
+def _saved_step(output: str, sig: signal.Signals, out: Path) -> int:
+    """The step of the one ``preempted`` line, checked against the checkpoint folder."""
+    lines = [ln for ln in output.splitlines() if "preempted by" in ln]
+    assert len(lines) == 1, output[-3000:]
+    line = lines[0]
+    assert line.startswith(f"preempted by {sig.name} after step "), line
+    step = int(line.split("after step ")[1].split(":")[0])
+    path = out / "checkpoint" / f"step-{step}"
+    assert line.endswith(f"saved to {path}; start the job again to resume"), line
+    assert read_marker(str(path))["step"] == step and not read_marker(str(path))["model_only"]
+    assert not [ln for ln in output.splitlines() if ln.startswith("error:")], output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    return step
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_saves_and_the_resumed_job_matches_an_unbroken_one(tmp_path):
+    unbroken = launch(tmp_path / "unbroken", *ARGS, ngpu=2)
+    assert unbroken.returncode == 0, unbroken.stderr[-3000:]
+    expected = tensorboard_scalars(tmp_path / "unbroken" / "out")
+
+    rc, output = _signal_mid_run(tmp_path, signal.SIGTERM, to_rank=None)
+    assert rc == 160, output[-3000:]
+    step = _saved_step(output, signal.SIGTERM, tmp_path / "out")
+    assert 5 <= step < STEPS, step
+
+    again = launch(tmp_path, *ARGS, ngpu=2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"Loaded training state from {tmp_path / 'out' / 'checkpoint' / f'step-{step}'}" in (
+        again.stdout + again.stderr
+    ), again.stderr[-3000:]
+    losses = tensorboard_scalars_all_runs(tmp_path / "out")
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    for s, loss in losses.items():
+        assert abs(loss - expected[s]) <= 1e-6, (s, loss, expected[s])
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_worker_stops_every_rank_after_the_same_step(tmp_path):
+    rc, output = _signal_mid_run(tmp_path, signal.SIGUSR1, to_rank=1)
+    assert rc == 160, output[-3000:]
+    step = _saved_step(output, signal.SIGUSR1, tmp_path / "out")
+    for rank in (0, 1):  # rank 0 got no signal: it learned of rank 1's at a step boundary
+        log = (tmp_path / "out" / "logs" / f"rank_{rank}.log").read_text()
+        assert f"SIGUSR1 received: saving step {step} before stopping" in log, log[-2000:]

@@ -1,0 +1,90 @@
+"""Preemption: save at an agreed step boundary and exit with code 160 when a stop signal comes.
+
+Clusters ask a job to stop before they kill it: Kubernetes sends SIGTERM and waits the pod's
+grace period, Slurm sends the signal that ``--signal`` asks for ahead of the time limit (and SIGTERM
+before a preemption kill), torchrun forwards the signals it gets to its workers. A signal named by
+``resilience.preemption_signals`` only sets a flag here; nothing is interrupted mid-step.
+
+Every rank must stop after the same step, so the flags are combined: at each step boundary a rank
+starts a small asynchronous all-reduce (MAX) of its flag on a gloo group of its own, and reads the
+result at the next boundary, by when it has long arrived. A step never waits for it, so the check
+costs nothing when no signal came; a signal is acted on at the second boundary after it at most.
+Then every rank writes a synchronous checkpoint of that step and exits with ``PREEMPTED_EXIT_CODE``,
+and the next start resumes from it exactly.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchtitan.errors import TorchTitanError
+
+PREEMPTED_EXIT_CODE = 160
+
+
+class Preempted(TorchTitanError):
+    """A stop signal came; this step's checkpoint is saved. Not a failure: start again to resume.
+
+    The exit code is above 128, where Kubeflow's ``restartPolicy: ExitCode`` recreates a pod, and
+    apart from the codes of a process killed by a signal (128 + its number: 137, 143, ...)."""
+
+    exit_code = PREEMPTED_EXIT_CODE
+    prefix = ""
+    names_rank = False  # every rank stops after the same step with the same line
+
+
+class Preemption:
+    """Listens from construction on (the handlers are installed in the main thread only), so
+    that a signal during start-up is not lost; leaving its ``with`` block puts the previous
+    handlers back. :meth:`agreed` is called once per step boundary on every rank."""
+
+    def __init__(self, signal_names: list[str]) -> None:
+        self.signals = [signal.Signals[name] for name in signal_names]
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+        several = dist.is_initialized() and dist.get_world_size() > 1
+        # a group of its own: its all-reduce runs beside the training group's collectives, never
+        # between them (every rank creates it at the same point of start-up)
+        self._group = dist.new_group(backend="gloo") if several and self.signals else None
+        self._flag = torch.zeros(1, dtype=torch.int32)
+        self._work: Any = None
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def __enter__(self) -> Preemption:
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+        if exc_type is None and self._work is not None:
+            self._work.wait()  # every rank started it at the last boundary: it completes
+        self._work = None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # only a flag: the handler runs between two bytecodes of whatever the main thread does
+        if self.received is None:
+            self.received = signal.Signals(signum)
+
+    def agreed(self) -> signal.Signals | None:
+        """The signal every rank agrees to stop on at this boundary, or None to train on."""
+        if self._group is None:
+            return self.received
+        stop = None
+        if self._work is not None:
+            self._work.wait()
+            if int(self._flag.item()) > 0:
+                stop = signal.Signals(int(self._flag.item()))
+        self._flag = torch.tensor([int(self.received or 0)], dtype=torch.int32)
+        self._work = dist.all_reduce(
+            self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True
+        )
+        return stop
