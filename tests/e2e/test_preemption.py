@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from launcher import (
+    kill_all,
+    last_logged_step,
     launch,
+    start,
     tensorboard_scalars,
     tensorboard_scalars_all_runs,
-    train_env,
     worker_pids,
 )
-from repo_paths import ROOT
 
 from torchtitan.checkpoint.folder import read_marker
 
@@ -36,26 +36,15 @@ ARGS = [
 ]  # fmt: skip
 
 
-def _logged_steps(log: Path) -> int:
-    """The last step rank 0's log file shows (0 before the first)."""
-    if not log.exists():
-        return 0
-    lines = [ln for ln in log.read_text().splitlines() if "step:" in ln and "loss:" in ln]
-    return max((int(ln.split("step:")[1].split()[0]) for ln in lines), default=0)
-
-
 def _signal_mid_run(tmp_path: Path, sig: signal.Signals, to_rank: int | None) -> tuple[int, str]:
     """Start the 2-process run, send ``sig`` after step 5 to the launcher (``to_rank`` None) or
     to that rank's worker alone; (exit code, output)."""
     out = tmp_path / "out"
-    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(out), *ARGS]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=train_env(tmp_path, NGPU="2"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = start(tmp_path, *ARGS, ngpu=2)
     pids: list[int] = []
     try:
         deadline = time.time() + 300
-        while _logged_steps(out / "logs" / "rank_0.log") < 5 and time.time() < deadline:
+        while last_logged_step(out / "logs" / "rank_0.log") < 5 and time.time() < deadline:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.05)
         ranks = worker_pids(str(out))
@@ -64,16 +53,7 @@ def _signal_mid_run(tmp_path: Path, sig: signal.Signals, to_rank: int | None) ->
         os.kill(proc.pid if to_rank is None else ranks[to_rank], sig)
         output, _ = proc.communicate(timeout=300)
     finally:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=60)
+        kill_all([proc], pids)
     return proc.returncode, output
 
 

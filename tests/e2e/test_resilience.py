@@ -15,7 +15,7 @@ import subprocess
 import time
 
 import pytest
-from launcher import train_env, worker_pids
+from launcher import kill_all, last_logged_step, train_env, worker_pids
 from repo_paths import ROOT
 
 ARGS = [
@@ -24,28 +24,6 @@ ARGS = [
     "--metrics.log_freq", "1",
     "--checkpoint.enable", "false",
 ]  # fmt: skip
-
-
-def _logged_steps(log) -> int:
-    """The last step rank 0's log file shows (0 before the first; only rank 0 logs them)."""
-    steps = [int(line.split("step:")[1].split()[0]) for line in log.read_text().splitlines()
-             if "step:" in line and "loss:" in line] if log.exists() else []  # fmt: skip
-    return max(steps, default=0)
-
-
-def _cleanup(proc: subprocess.Popen, pids: list[int]) -> None:
-    """Every process this test started: the launcher's session and the workers, by pid."""
-    for pid in pids:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=60)
 
 
 @pytest.mark.slow
@@ -62,18 +40,18 @@ def test_a_stopped_rank_leaves_stacks_and_a_timeout(tmp_path):
     pids: list[int] = []
     try:
         deadline = time.time() + 300
-        while _logged_steps(out / "logs" / "rank_0.log") < 5 and time.time() < deadline:
+        while last_logged_step(out / "logs" / "rank_0.log") < 5 and time.time() < deadline:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.1)
         ranks = worker_pids(str(out))
         pids = list(ranks.values())  # cleaned up even if the next line fails
         assert sorted(ranks) == [0, 1], ranks
         os.kill(ranks[1], signal.SIGSTOP)
-        stopped_at, stopped_after = time.time(), _logged_steps(out / "logs" / "rank_0.log")
+        stopped_at, stopped_after = time.time(), last_logged_step(out / "logs" / "rank_0.log")
         output, _ = proc.communicate(timeout=timeout_s + 120)
         took = time.time() - stopped_at
     finally:
-        _cleanup(proc, pids)
+        kill_all([proc], pids)
     assert proc.returncode == 4, output[-3000:]  # CollectiveTimeout's code
     assert took < timeout_s + 90, took  # the timeout ended it, not the test
     # one line for the waiting rank, naming the collective and where the library called it

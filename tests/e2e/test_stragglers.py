@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from launcher import tensorboard_scalars, train_env, worker_pids
+from launcher import kill_all, tensorboard_scalars, train_env, worker_pids
 from repo_paths import ROOT
 
 ARGS = [
@@ -54,21 +53,6 @@ def _pin(pid: int, cpu: int) -> None:
             os.sched_setaffinity(int(task.name), {cpu})
         except (ProcessLookupError, FileNotFoundError):
             pass  # a thread that just ended
-
-
-def _kill(launcher: subprocess.Popen, workers: list[int], hogs: list[subprocess.Popen]) -> None:
-    """Every process this test started, by pid: the hogs, the workers, the launcher's session."""
-    for pid in [h.pid for h in hogs] + workers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        os.killpg(launcher.pid, signal.SIGKILL)  # torchrun and anything left in its session
-    except ProcessLookupError:
-        pass
-    for proc in [launcher, *hogs]:
-        proc.wait(timeout=60)
 
 
 def _wait_for_step(launcher: subprocess.Popen, out: Path, step: int, timeout_s: float) -> None:
@@ -111,7 +95,7 @@ def test_a_rank_beside_a_cpu_hog_is_named(tmp_path):
             assert launcher.poll() is None, _log_lines(out)[-20:]
             time.sleep(0.5)
     finally:
-        _kill(launcher, workers, hogs)
+        kill_all([launcher, *hogs], workers)
     reports = _reports(out, hog_from)
     named = next((m for m in reports if m[1] == "1"), None)
     assert named is not None, [m[0] for m in reports]

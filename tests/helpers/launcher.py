@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from repo_paths import ROOT
@@ -46,6 +48,38 @@ def launch(
     cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
     env = train_env(tmp_path, NGPU=str(ngpu))
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def start(tmp_path: Path, *args: str, ngpu: int, **env: str) -> subprocess.Popen:
+    """``launch`` in the background, in a session of its own, its output on one pipe."""
+    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=train_env(tmp_path, NGPU=str(ngpu), **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def last_logged_step(log: Path) -> int:
+    """The last step a rank's log file shows (0 before the first; rank 0 logs them)."""
+    text = log.read_text() if log.exists() else ""
+    return max((int(s) for s, _ in STEP_RE.findall(text)), default=0)
+
+
+def kill_all(procs: list[subprocess.Popen], pids: Iterable[int] = ()) -> None:
+    """Every process a test started: ``pids`` (woken, in case they were stopped, then killed),
+    each of ``procs``' sessions, then ``procs`` reaped."""
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        proc.wait(timeout=60)
 
 
 def worker_pids(marker: str) -> dict[int, int]:

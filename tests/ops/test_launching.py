@@ -17,7 +17,7 @@ import pytest
 from launcher import (
     FOUR_WORKER_ARGS,
     PREEMPT_ARGS,
-    STEP_RE,
+    last_logged_step,
     tensorboard_scalars,
     tensorboard_scalars_all_runs,
     train_env,
@@ -241,12 +241,6 @@ def test_two_hosts_train_as_one_job_of_four(tmp_path, two_hosts, one_host_losses
         assert abs(loss - one_host_losses[step]) <= 1e-5, (step, loss, one_host_losses[step])
 
 
-def _last_step(log: Path) -> int:
-    """The last step a rank's log file shows (0 before the first)."""
-    text = log.read_text() if log.exists() else ""
-    return max((int(s) for s, _ in STEP_RE.findall(text)), default=0)
-
-
 @pytest.mark.slow
 def test_sigterm_to_one_pod_saves_every_rank_and_the_job_resumes(
     tmp_path, two_hosts, one_host_preempt_losses
@@ -260,7 +254,7 @@ def test_sigterm_to_one_pod_saves_every_rank_and_the_job_resumes(
     procs = _start_on_two_hosts(tmp_path, two_hosts, node_env, PREEMPT_ARGS)
     try:
         deadline = time.time() + 300
-        while _last_step(out / "logs" / "rank_0.log") < 5:
+        while last_logged_step(out / "logs" / "rank_0.log") < 5:
             assert time.time() < deadline and all(p.poll() is None for p in procs)
             time.sleep(0.1)
         os.kill(procs[1].pid, signal.SIGTERM)

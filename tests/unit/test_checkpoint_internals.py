@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import pickle
 import types
@@ -17,6 +16,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
+from log_capture import logged
 
 from torchtitan.checkpoint import (
     MARKER,
@@ -54,19 +54,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 @pytest.fixture
 def log_lines():
     """The messages the ``torchtitan`` logger emits during the test (whatever its handlers)."""
-    lines: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(f"{record.levelname} {record.getMessage()}")
-
-    log = logging.getLogger("torchtitan")
-    handler, level = _Collect(level=logging.INFO), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    yield lines
-    log.removeHandler(handler)
-    log.setLevel(level)
+    with logged(with_level=True) as lines:
+        yield lines
 
 
 def _step_dir(folder: Path, step: int, marker: str | None = None, name: str | None = None) -> Path:

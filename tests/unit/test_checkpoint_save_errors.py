@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from log_capture import logged
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchtitan.checkpoint import MARKER, CheckpointManager, TrainState, scan
@@ -31,17 +32,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 @pytest.fixture
 def errors():
     """The ERROR lines the ``torchtitan`` logger emits during the test."""
-    lines: list[str] = []
-
-    class _Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    log = logging.getLogger("torchtitan")
-    handler = _Collect(level=logging.ERROR)
-    log.addHandler(handler)
-    yield lines
-    log.removeHandler(handler)
+    with logged(logging.ERROR) as lines:
+        yield lines
 
 
 @contextmanager

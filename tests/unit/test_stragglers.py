@@ -4,7 +4,6 @@ reader (a spinning thread's grows, a sleeping thread's does not)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -12,19 +11,15 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from log_capture import logged
 
-from torchtitan.log import logger
 from torchtitan.stragglers import StragglerReport, busy_seconds, straggler_line, summarize
 
 
 @pytest.fixture
 def lines_logged():
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger.addHandler(handler)
-    yield lines
-    logger.removeHandler(handler)
+    with logged() as lines:
+        yield lines
 
 
 @pytest.fixture

@@ -4,23 +4,18 @@ a collective's timeout becomes one line naming the collective and the library fr
 
 from __future__ import annotations
 
-import logging
 import time
 
 import pytest
+from log_capture import logged
 
-from torchtitan.log import logger
 from torchtitan.watchdog import HangWatchdog
 
 
 @pytest.fixture
 def warnings_logged():
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger.addHandler(handler)
-    yield lines
-    logger.removeHandler(handler)
+    with logged() as lines:
+        yield lines
 
 
 def _stuck_in_a_collective(seconds: float) -> None:
