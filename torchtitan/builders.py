@@ -29,6 +29,7 @@ from torchtitan.float8 import apply_converters
 from torchtitan.job_plan import JobPlan, check_vocab, plan_job
 from torchtitan.log import logger
 from torchtitan.models.common.moe import inactive_params
+from torchtitan.param_groups import check_and_log
 from torchtitan.step import StepRunner
 
 
@@ -240,6 +241,9 @@ def build_step_runner(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> 
 def build_optimizer(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> tuple[Any, Any]:
     """The optimizer over this rank's parts and its learning-rate schedule."""
     optimizer = rt.spec.build_optimizer_fn(model.parts, job_config.optimizer)
+    if hasattr(optimizer, "plans"):  # parameter groups: every rule used; logged on rank 0
+        check_and_log(optimizer.plans, optimizer.rules, optimizer.rule_hits,
+                      rt.dims.pp_group, rt.rank == 0)  # fmt: skip
     steps = job_config.lr_scheduler.total_steps or job_config.training.steps
     lr_scheduler = rt.spec.build_lr_scheduler_fn(optimizer, job_config.lr_scheduler, steps)
     return optimizer, lr_scheduler

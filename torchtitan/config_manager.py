@@ -148,6 +148,18 @@ class Optimizer:
     lr: float = opt(8e-4, "Peak learning rate", gt=0)
     eps: float = opt(1e-8, "Adam epsilon", gt=0)
     weight_decay: float = opt(0.1, "Decoupled weight decay", ge=0)
+    weight_decay_exempt: list[str] = opt(
+        ["norms", "biases", "embeddings"],
+        "Parameters without weight decay: norms (1-D weights), biases, embeddings (nn.Embedding), "
+        "output (the model's final nn.Linear); [] = every parameter decays",
+        choices=("norms", "biases", "embeddings", "output"),
+    )
+    param_groups: list | None = opt(
+        None,
+        "Rules giving parameters their own settings: [[optimizer.param_groups]] tables with match "
+        "(a glob over parameter names, e.g. 'layers.*.attention.*') and lr_multiplier and/or "
+        "weight_decay; on the command line JSON",
+    )
     beta1: float = opt(0.9, "Adam beta1", ge=0, le=1)
     beta2: float = opt(0.95, "Adam beta2", ge=0, le=1)
     implementation: str = opt(

@@ -14,6 +14,7 @@ import sys
 from torchtitan.config_manager import JobConfig, located, parse_args
 from torchtitan.errors import ConfigError, ConfigErrors, Problems, TorchTitanError, error_lines
 from torchtitan.job_plan import check_vocab, plan_job, resolve_model_args
+from torchtitan.param_groups import parse_rules
 from torchtitan.train_spec import get_train_spec
 
 
@@ -51,6 +52,8 @@ def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) 
     problems = Problems()
     with problems.collect():
         plan_job(job_config, world_size, device_type)
+    with problems.collect():
+        parse_rules(job_config.optimizer.param_groups)
     try:  # the family and flavor resolve (else plan_job has reported why)
         spec = get_train_spec(job_config.model.name)
         model_args = resolve_model_args(job_config)

@@ -29,6 +29,8 @@ COMMON = [
     "--debug.deterministic",
     "--checkpoint.enable",
     "--checkpoint.interval", "5",
+    # parameter groups with their own learning rate: a resume keeps them (keyed by name)
+    "--optimizer.param_groups", '[{"match": "layers.*.feed_forward.*", "lr_multiplier": 2}]',
 ]  # fmt: skip
 ONE_PROCESS = ["--training.local_batch_size", "8"]
 

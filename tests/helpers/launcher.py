@@ -29,6 +29,8 @@ PREEMPT_ARGS = [*FOUR_WORKER_ARGS, "--training.steps=16", "--checkpoint.enable=t
 # The equivalence proofs (tests/e2e/test_parallel_equivalence.py, test_qwen3_parallel.py): every
 # layout trains EQUIVALENCE_STEPS steps of a global batch of 8 sequences, seeded, deterministic.
 EQUIVALENCE_STEPS = 8
+# The optimizer has four parameter groups in every layout (decay or not, attention at half the
+# learning rate), which each parallelism must carry like the single process does.
 EQUIVALENCE_ARGS = [
     "--training.steps", str(EQUIVALENCE_STEPS),
     "--training.seq_len", "64",
@@ -37,6 +39,8 @@ EQUIVALENCE_ARGS = [
     "--metrics.log_freq", "1",
     "--debug.seed", "42",
     "--debug.deterministic",
+    "--optimizer.weight_decay_exempt", "norms,biases,embeddings,output",
+    "--optimizer.param_groups", '[{"match": "layers.*.attention*", "lr_multiplier": 0.5}]',
 ]  # fmt: skip
 STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
