@@ -404,14 +404,20 @@ def _update_global_peak(tracker, peak_state) -> None:
 
 def _formula_state(parts, job_config) -> tuple[dict, int]:
     """Model state from the local parameter count: parameters in float32 (FSDP keeps float32
-    shards and casts for compute), gradients of the same size, and the optimizer's moments
-    (Adam and AdamW: two float32 tensors per parameter)."""
-    n = 0
+    shards and casts for compute), gradients of the same size, and the optimizer's state in
+    float32: Adam and AdamW two moments per parameter; Muon one momentum buffer per hidden-matrix
+    parameter, and AdamW's two moments for the rest."""
+    from torchtitan.param_groups import categories, clean_name, for_muon
+
+    n = moments = 0
+    muon = job_config.optimizer.name == "Muon"
     for part in parts.values():
-        for p in part.parameters():
-            n += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-    moments = 2 if job_config.optimizer.name in ("Adam", "AdamW") else 0
-    return {"parameters": 4 * n, "gradients": 4 * n, "optimizer": 4 * moments * n}, n
+        kinds = categories(part) if muon else {}
+        for name, p in part.named_parameters():
+            local = p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+            n += local
+            moments += local * (1 if muon and for_muon(kinds.get(clean_name(name)), p) else 2)
+    return {"parameters": 4 * n, "gradients": 4 * n, "optimizer": 4 * moments}, n
 
 
 def _microbatches_in_flight(plan, pp_rank: int) -> int:
@@ -447,7 +453,8 @@ def format_table(e: dict) -> str:
         )
     lines.append(
         "  formula: steady state after the first step (float32 parameters and gradients, "
-        "2 float32 optimizer moments); the traced column is what is alive at the peak"
+        "float32 optimizer state: 2 moments, 1 for Muon's matrices); the traced column is what "
+        "is alive at the peak"
     )
     lines += [f"  note: {n}" for n in e["notes"]]
     return "\n".join(lines)

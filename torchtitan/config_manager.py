@@ -144,7 +144,12 @@ class Float8:
 
 @dataclass
 class Optimizer:
-    name: str = opt("AdamW", "Optimizer", choices=("AdamW", "Adam"))
+    name: str = opt(
+        "AdamW",
+        "Optimizer; Muon: Muon for the hidden matrices, AdamW (optimizer.lr) for embeddings, "
+        "output, norms and biases",
+        choices=("AdamW", "Adam", "Muon"),
+    )
     lr: float = opt(8e-4, "Peak learning rate", gt=0)
     eps: float = opt(1e-8, "Adam epsilon", gt=0)
     weight_decay: float = opt(0.1, "Decoupled weight decay", ge=0)
@@ -162,6 +167,17 @@ class Optimizer:
     )
     beta1: float = opt(0.9, "Adam beta1", ge=0, le=1)
     beta2: float = opt(0.95, "Adam beta2", ge=0, le=1)
+    muon_lr: float = opt(
+        0.02, "Muon's peak learning rate (the same schedule as optimizer.lr)", gt=0
+    )
+    muon_momentum: float = opt(0.95, "Muon's momentum (Nesterov)", ge=0, le=1)
+    muon_adjust_lr: str = opt(
+        "original",
+        "Muon's learning rate by matrix shape: original (x sqrt(max(1, rows/cols))) or "
+        "match_rms_adamw (x 0.2 sqrt(max(rows, cols)), to share AdamW's learning rate)",
+        choices=("original", "match_rms_adamw"),
+    )
+    muon_ns_steps: int = opt(5, "Muon's Newton-Schulz iterations", ge=1, le=99)
     implementation: str = opt(
         "fused",
         "Optimizer kernel: fused, foreach or for-loop (falls back to foreach where fused is unsupported)",

@@ -1,4 +1,5 @@
-"""Optimizers: AdamW / Adam (fused, foreach or for-loop), one per model part, stepped together.
+"""Optimizers: AdamW / Adam (fused, foreach or for-loop), one per model part, stepped together;
+with Muon (``torchtitan/muon.py``) for the hidden matrices beside it.
 
 Each part's parameters are in groups (``param_groups``): weight decay or none, and per-rule
 learning-rate multipliers.
@@ -21,8 +22,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from torchtitan.config_manager import Optimizer as OptimizerConfig
+from torchtitan.errors import ConfigError
 from torchtitan.log import logger
-from torchtitan.param_groups import Group, parse_rules, plan_groups
+from torchtitan.muon import DistributedMuon
+from torchtitan.param_groups import Group, categories, for_muon, parse_rules, plan_groups
 
 
 def _fused_supported(params: list[torch.Tensor]) -> bool:
@@ -31,7 +34,7 @@ def _fused_supported(params: list[torch.Tensor]) -> bool:
     return device_types <= {"cuda", "cpu", "xpu", "mps"}
 
 
-def _build_one(groups: list[Group], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def _build_adam(groups: list[Group], cfg: OptimizerConfig) -> torch.optim.Optimizer:
     params = [p for g in groups for p in g.params]
     impl = cfg.implementation
     if impl == "fused" and not _fused_supported(params):
@@ -45,7 +48,7 @@ def _build_one(groups: list[Group], cfg: OptimizerConfig) -> torch.optim.Optimiz
         "fused": impl == "fused",
         "foreach": impl == "foreach",
     }
-    cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[cfg.name]
+    cls = torch.optim.Adam if cfg.name == "Adam" else torch.optim.AdamW
     param_groups = [
         {"params": g.params, "lr": cfg.lr * g.lr_multiplier, "weight_decay": g.weight_decay}
         for g in groups
@@ -53,19 +56,62 @@ def _build_one(groups: list[Group], cfg: OptimizerConfig) -> torch.optim.Optimiz
     return cls(param_groups, **kwargs)
 
 
+def _build_muon(groups: list[Group], cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    param_groups = [
+        {"params": g.params, "lr": cfg.muon_lr * g.lr_multiplier, "weight_decay": g.weight_decay}
+        for g in groups
+    ]
+    return DistributedMuon(param_groups, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
+                           momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
+                           adjust_lr_fn=cfg.muon_adjust_lr)  # fmt: skip
+
+
+def _split_for_muon(model: nn.Module, groups: list[Group], part: int) -> list[Group]:
+    """Each group split in two: the hidden matrices (2-D, or 3-D stacked experts, and no
+    embedding, output, norm or bias) for Muon, the rest for AdamW."""
+    kinds = categories(model)
+    split: list[Group] = []
+    for g in groups:
+        for optimizer in ("AdamW", "Muon"):
+            part_of = Group(g.lr_multiplier, g.weight_decay, optimizer=optimizer)
+            for name, p in zip(g.names, g.params):
+                if (optimizer == "Muon") == for_muon(kinds[name], p):
+                    part_of.names.append(name)
+                    part_of.params.append(p)
+            if part_of.params:
+                split.append(part_of)
+    if not any(g.optimizer == "Muon" for g in split):
+        names = ", ".join(n for g in groups for n in g.names[:3])
+        raise ConfigError(
+            f"optimizer.name: Muon, but model part {part} has no hidden matrices for it (only "
+            f"{names or 'no trainable parameters'}); use AdamW, or split the pipeline so that "
+            "every stage holds a transformer block"
+        )
+    return split
+
+
 class Optimizers:
-    """The optimizers of all model parts, used as one (``step``, ``zero_grad``, state dict)."""
+    """The optimizers of all model parts, used as one (``step``, ``zero_grad``, state dict).
+    Per part: one AdamW (or Adam); with ``optimizer.name = "Muon"`` a Muon beside it for the
+    hidden matrices."""
 
     def __init__(self, model_parts: list[nn.Module], cfg: OptimizerConfig) -> None:
         self.model_parts = model_parts
         self.rules = parse_rules(cfg.param_groups)
         self.rule_hits = [0] * len(self.rules)  # parameters each rule matched on this rank
         self.plans: list[list[Group]] = []  # each part's groups
-        for m in model_parts:
+        self.per_part: list[list[torch.optim.Optimizer]] = []
+        for i, m in enumerate(model_parts):
             groups, hits = plan_groups(m, cfg.weight_decay, cfg.weight_decay_exempt, self.rules)
-            self.plans.append(groups)
             self.rule_hits = [a + b for a, b in zip(self.rule_hits, hits)]
-        self.optimizers = [_build_one(groups, cfg) for groups in self.plans]
+            if cfg.name == "Muon":
+                groups = _split_for_muon(m, groups, i)
+            self.plans.append(groups)
+            adam = [g for g in groups if g.optimizer != "Muon"]
+            muon = [g for g in groups if g.optimizer == "Muon"]
+            opts = [_build_adam(adam, cfg)] if adam else []
+            self.per_part.append(opts + ([_build_muon(muon, cfg)] if muon else []))
+        self.optimizers = [opt for opts in self.per_part for opt in opts]
         self.betas, self.eps = (cfg.beta1, cfg.beta2), cfg.eps
 
     def step(self) -> None:
@@ -84,8 +130,8 @@ class Optimizers:
     def state_dict(self) -> dict[str, Any]:
         """Flat ``{"state.<fqn>.<name>": tensor, "param_groups.<fqn>.<key>": value}`` of all parts."""
         state: dict[str, Any] = {}
-        for model, opt in zip(self.model_parts, self.optimizers):
-            state.update(get_optimizer_state_dict(model, opt, options=_FLAT))
+        for model, opts in zip(self.model_parts, self.per_part):
+            state.update(get_optimizer_state_dict(model, opts, options=_FLAT))
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -93,11 +139,20 @@ class Optimizers:
         groups' settings stay the configured ones (a checkpoint written with other groups, or
         before there were groups, would give a whole group the weight decay of its first
         parameter); the learning rate is the schedule's, set when the scheduler loads."""
-        for model, opt, groups in zip(self.model_parts, self.optimizers, self.plans):
-            set_optimizer_state_dict(model, opt, state_dict, options=_FLAT)
-            for param_group, group in zip(opt.param_groups, groups):
-                param_group["weight_decay"] = group.weight_decay
-                param_group["betas"], param_group["eps"] = self.betas, self.eps
+        for model, opts, groups in zip(self.model_parts, self.per_part, self.plans):
+            set_optimizer_state_dict(model, opts, state_dict, options=_FLAT)
+            for opt, mine in zip(opts, _by_optimizer(groups)):
+                for param_group, group in zip(opt.param_groups, mine):
+                    param_group["weight_decay"] = group.weight_decay
+                    if "betas" in param_group:
+                        param_group["betas"], param_group["eps"] = self.betas, self.eps
+
+
+def _by_optimizer(groups: list[Group]) -> list[list[Group]]:
+    """A part's groups as its optimizers hold them: AdamW's, then Muon's (if any)."""
+    adam = [g for g in groups if g.optimizer != "Muon"]
+    muon = [g for g in groups if g.optimizer == "Muon"]
+    return [x for x in (adam, muon) if x]
 
 
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True)

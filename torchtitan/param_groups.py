@@ -129,6 +129,12 @@ def categories(model: nn.Module) -> dict[str, str | None]:
     return found
 
 
+def for_muon(kind: str | None, p: nn.Parameter) -> bool:
+    """Whether Muon (``optimizer.name = "Muon"``) updates a parameter of this category: the
+    hidden matrices (2-D, or 3-D stacked experts), not embeddings, output, norms or biases."""
+    return kind is None and p.ndim in (2, 3)
+
+
 @dataclass
 class Group:
     """The parameters of one model part that share their settings."""
@@ -137,11 +143,13 @@ class Group:
     weight_decay: float
     names: list[str] = field(default_factory=list)
     params: list[nn.Parameter] = field(default_factory=list)
+    optimizer: str = ""  # with Muon: "Muon" or "AdamW"
 
     @property
     def label(self) -> str:
         lr = "" if self.lr_multiplier == 1 else f", lr x{self.lr_multiplier:g}"
-        return f"weight decay {self.weight_decay:g}{lr}"
+        which = f"{self.optimizer}, " if self.optimizer else ""
+        return f"{which}weight decay {self.weight_decay:g}{lr}"
 
 
 def plan_groups(

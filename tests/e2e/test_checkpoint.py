@@ -117,6 +117,22 @@ def test_resume_under_another_layout_continues_the_same_training(tmp_path, unbro
 
 
 @pytest.mark.slow
+def test_muon_resumes_under_another_layout(tmp_path):
+    """Muon's momentum (and AdamW's moments for the rest) saved under FSDP 2, loaded under TP 2:
+    the 20 steps follow one process's unbroken Muon run."""
+    muon = ["--optimizer.name", "Muon", "--optimizer.muon_lr", "0.02"]
+    _train(tmp_path / "unbroken", 20, *ONE_PROCESS, *muon)
+    unbroken = tensorboard_scalars_all_runs(tmp_path / "unbroken" / "out")
+    _train(tmp_path, 10, "--training.local_batch_size", "4", *muon, ngpu=2)
+    _train(tmp_path, 20, "--parallelism.tensor_parallel_degree", "2",
+           "--training.local_batch_size", "8", *muon, ngpu=2)  # fmt: skip
+    resumed = tensorboard_scalars_all_runs(tmp_path / "out")
+    assert sorted(resumed) == list(range(1, 21))
+    for step in range(1, 21):
+        assert abs(resumed[step] - unbroken[step]) <= 1e-4, (step, resumed[step], unbroken[step])
+
+
+@pytest.mark.slow
 def test_a_checkpoint_from_before_the_fused_qkv_resumes_exactly(tmp_path, unbroken):
     """A checkpoint with separate wq/wk/wv weights and optimizer moments (the layout before
     ``wqkv``) resumes under FSDP on 2 processes and continues the same training."""

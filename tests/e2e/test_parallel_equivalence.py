@@ -180,3 +180,30 @@ def _check_logs(layout: str, stdout: str) -> None:
         local, total = (int(g.replace(",", "")) for g in m.groups())
         share = 1 / 2 if layout == "fsdp2" else 1 / 4
         assert abs(local / total - share) < 0.02, (local, total)
+
+
+# Muon for the hidden matrices, AdamW for the rest: every layout orthogonalizes the whole matrices
+# (gathered from FSDP and TP shards), so it follows the one process as AdamW does.
+MUON = ["--optimizer.name", "Muon", "--optimizer.muon_lr", "0.02"]
+MUON_LAYOUTS = {name: LAYOUTS[name] for name in ("fsdp2_tp2", "pp2_tp2")} | {
+    name: BLOCK_CAUSAL_LAYOUTS[name] for name in ("fsdp2", "tp2", "pp2_1f1b")
+}
+
+
+@pytest.fixture(scope="module")
+def muon_baseline(tmp_path_factory, baseline) -> dict[int, float]:
+    """One process as ``baseline``, with Muon."""
+    extra = ["--training.local_batch_size", "4", *MUON]
+    losses, stdout = _run(tmp_path_factory.mktemp("single_muon"), 1, extra)
+    assert "Muon, weight decay 0.1: " in stdout, stdout[-3000:]  # the groups logged
+    assert losses[1] - losses[STEPS] > 0.2, losses
+    assert max(abs(losses[s] - baseline[s]) for s in losses) > 1e-3, (losses, baseline)
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", params(MUON_LAYOUTS, extended=["pp2_tp2"]))
+def test_muon_layout_matches_one_process(tmp_path, muon_baseline, layout):
+    ngpu, extra = MUON_LAYOUTS[layout]
+    losses, _ = _run(tmp_path, ngpu, [*extra, *MUON])
+    _assert_matches(f"{layout} muon", losses, muon_baseline)

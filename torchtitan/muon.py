@@ -1,0 +1,88 @@
+"""Muon for sharded parameters: ``torch.optim.Muon`` whose orthogonalization sees whole matrices.
+
+Muon (Keller Jordan et al., 2024) keeps a momentum buffer per hidden matrix and applies its
+orthogonalized update: a few Newton-Schulz iterations on the (Nesterov) momentum. Everything but
+the Newton-Schulz step is elementwise, so under FSDP and tensor parallel it runs on each rank's
+shard as is; the orthogonalization needs the whole matrix. For a ``DTensor`` parameter this
+optimizer gathers the update (``full_tensor``: an all-gather over the parameter's mesh), every
+rank orthogonalizes the same whole matrix, and keeps its own shard of the result
+(``distribute_tensor`` with ``src_data_rank=None``: no communication). One process and every
+layout therefore orthogonalize the same matrices. A 3-D parameter (the stacked routed experts of a
+mixture-of-experts layer) is a batch of matrices, each orthogonalized on its own.
+
+The arithmetic is torch's own (``torch.optim._muon``: the Newton-Schulz iteration in bfloat16 and
+the learning-rate adjustment by shape); the state (``momentum_buffer``) is torch's, so the
+optimizer state dict is the same as ``torch.optim.Muon``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+
+def orthogonalize(update: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+    """Newton-Schulz of the whole matrix (or of each matrix of a 3-D stack), as ``update``."""
+    whole = update.full_tensor() if isinstance(update, DTensor) else update
+    coefficients, steps, eps = group["ns_coefficients"], group["ns_steps"], group["eps"]
+    if whole.ndim == 2:
+        ortho = _zeropower_via_newtonschulz(whole, coefficients, steps, eps)
+    else:
+        ortho = torch.stack([_zeropower_via_newtonschulz(m, coefficients, steps, eps)
+                             for m in whole])  # fmt: skip
+    ortho = ortho.to(update.dtype)
+    if isinstance(update, DTensor):  # this rank's shard of the same whole result
+        return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None)
+    return ortho
+
+
+class DistributedMuon(torch.optim.Optimizer):
+    """``torch.optim.Muon``'s update and settings over 2-D (and 3-D expert) parameters that may
+    be ``DTensor`` shards (torch's class takes 2-D parameters only)."""
+
+    def __init__(
+        self,
+        params: Any,
+        *,
+        lr: float,
+        weight_decay: float,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: tuple[float, float, float] = (3.4445, -4.775, 2.0315),
+        eps: float = 1e-7,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = None,
+    ) -> None:
+        defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum,
+                    "nesterov": nesterov, "ns_coefficients": ns_coefficients, "eps": eps,
+                    "ns_steps": ns_steps, "adjust_lr_fn": adjust_lr_fn}  # fmt: skip
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim not in (2, 3):
+                    raise ValueError(f"Muon takes matrices (or stacks of them), not {p.ndim}-D")
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                ortho = orthogonalize(update, group)
+                p.mul_(1 - lr * wd)
+                p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape[-2:]))
+        return loss
