@@ -230,7 +230,7 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
         dtype = _param_dtype(job_config, device_type)
         stages = [
             _trace_stage(part, opt, stage, plan, model_args, shape, dtype, job_config, loss_fn)
-            for (stage, part), opt in zip(parts.items(), optimizer.optimizers)
+            for (stage, part), opt in zip(parts.items(), optimizer.per_part)
         ]
     state, local_parameters = _formula_state(parts, job_config)
     # a rank's stages are traced one after the other: their peaks are added (an upper bound)
@@ -279,11 +279,12 @@ def _balanced_routing():
 
 
 def _trace_stage(
-    part, optimizer, stage, plan, model_args, shape, dtype, job_config, loss_fn
+    part, optimizers, stage, plan, model_args, shape, dtype, job_config, loss_fn
 ) -> dict:
     """Peak bytes of one stage over a training step, by kind: ``shape[0]`` micro-batches go
     forward before the first goes backward (a pipeline's warm-up; 1 without pipelining), then the
-    optimizer steps; twice, as the first step creates the optimizer state. The peak is the second
+    optimizers (the part's AdamW, and its Muon if any) step; twice, as the first step creates the
+    optimizer state. The peak is the second
     step's: it holds everything the first did plus the optimizer state, and on fake tensors the
     first optimizer step of DTensor parameters holds about a copy of them until it ends, which a
     real step does not (torch 2.13)."""
@@ -293,7 +294,7 @@ def _trace_stage(
     inflight, batch, seq = shape
     first = plan.pipeline is None or stage == 0
     last = plan.pipeline is None or stage == plan.pipeline.num_stages - 1
-    tracker = _tracker(part, optimizer)
+    tracker = _tracker(part, optimizers)
     with tracker:
         for step in range(2):
             if step == 1:
@@ -309,8 +310,9 @@ def _trace_stage(
                 for loss in losses:
                     loss.backward()
             del losses
-            optimizer.step()
-            optimizer.zero_grad()
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
         snapshot = tracker.get_tracker_snapshot("peak")
     by_kind = dict.fromkeys(ROWS, 0)
     for device_snapshot in snapshot.values():
@@ -364,18 +366,23 @@ _ROW_OF = {
 }
 
 
-def _tracker(part, optimizer):
+def _tracker(part, optimizers):
     """PyTorch's memory tracker; its FSDP-aware kind tells gathered parameters from activations."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(part, FSDPModule):
-        tracker = FSDPMemTracker(mod=part, optm=optimizer)
+        tracker = FSDPMemTracker(mod=part, optm=optimizers[0])
         tracker.track_inputs(())
+        for extra in optimizers[1:]:  # it takes one optimizer (and no track_external): the
+            # state a Muon beside the AdamW creates is tracked as the AdamW's is, after its step
+            extra.register_step_post_hook(
+                lambda opt, *_: tracker._track_optimizer_states(_FSDPRefType.OPT, opt)
+            )
     else:
         tracker = MemTracker()
-        tracker.track_external(part, optimizer)
+        tracker.track_external(part, *optimizers)
     tracker._update_peak_stats = functools.partial(_update_global_peak, tracker)
     return tracker
 
@@ -404,9 +411,9 @@ def _update_global_peak(tracker, peak_state) -> None:
 
 def _formula_state(parts, job_config) -> tuple[dict, int]:
     """Model state from the local parameter count: parameters in float32 (FSDP keeps float32
-    shards and casts for compute), gradients of the same size, and the optimizer's state in
-    float32: Adam and AdamW two moments per parameter; Muon one momentum buffer per hidden-matrix
-    parameter, and AdamW's two moments for the rest."""
+    shards and casts for compute), gradients of the same size, and the optimizer's state
+    (``optimizer.state_dtype``): Adam and AdamW two moments per parameter; Muon one momentum
+    buffer per hidden-matrix parameter, and AdamW's two moments for the rest."""
     from torchtitan.param_groups import categories, clean_name, for_muon
 
     n = moments = 0
@@ -417,7 +424,8 @@ def _formula_state(parts, job_config) -> tuple[dict, int]:
             local = p.to_local().numel() if hasattr(p, "to_local") else p.numel()
             n += local
             moments += local * (1 if muon and for_muon(kinds.get(clean_name(name)), p) else 2)
-    return {"parameters": 4 * n, "gradients": 4 * n, "optimizer": 4 * moments}, n
+    state_bytes = 2 if job_config.optimizer.state_dtype == "bfloat16" else 4
+    return {"parameters": 4 * n, "gradients": 4 * n, "optimizer": state_bytes * moments}, n
 
 
 def _microbatches_in_flight(plan, pp_rank: int) -> int:
@@ -453,8 +461,8 @@ def format_table(e: dict) -> str:
         )
     lines.append(
         "  formula: steady state after the first step (float32 parameters and gradients, "
-        "float32 optimizer state: 2 moments, 1 for Muon's matrices); the traced column is what "
-        "is alive at the peak"
+        "optimizer state in optimizer.state_dtype: 2 moments, 1 for Muon's matrices); the "
+        "traced column is what is alive at the peak"
     )
     lines += [f"  note: {n}" for n in e["notes"]]
     return "\n".join(lines)

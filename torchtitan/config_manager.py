@@ -178,6 +178,12 @@ class Optimizer:
         choices=("original", "match_rms_adamw"),
     )
     muon_ns_steps: int = opt(5, "Muon's Newton-Schulz iterations", ge=1, le=99)
+    state_dtype: str = opt(
+        "float32",
+        "Dtype of the optimizer's moments and momentum buffers between steps; bfloat16 halves "
+        "their memory at some precision (docs/optimizers.md)",
+        choices=("float32", "bfloat16"),
+    )
     implementation: str = opt(
         "fused",
         "Optimizer kernel: fused, foreach or for-loop (falls back to foreach where fused is unsupported)",

@@ -23,6 +23,8 @@ import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
+from torchtitan.bf16_state import keep_state_dtype
+
 
 def orthogonalize(update: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
     """Newton-Schulz of the whole matrix (or of each matrix of a 3-D stack), as ``update``."""
@@ -55,15 +57,23 @@ class DistributedMuon(torch.optim.Optimizer):
         eps: float = 1e-7,
         ns_steps: int = 5,
         adjust_lr_fn: str | None = None,
+        state_dtype: torch.dtype | None = None,
     ) -> None:
         defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum,
                     "nesterov": nesterov, "ns_coefficients": ns_coefficients, "eps": eps,
                     "ns_steps": ns_steps, "adjust_lr_fn": adjust_lr_fn}  # fmt: skip
         super().__init__(params, defaults)
+        self.state_dtype = state_dtype  # of the momentum buffers; None: the gradient's
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim not in (2, 3):
                     raise ValueError(f"Muon takes matrices (or stacks of them), not {p.ndim}-D")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's loading casts the buffers to the parameters' dtype: back to ``state_dtype``."""
+        super().load_state_dict(state_dict)
+        if self.state_dtype is not None:
+            keep_state_dtype(self, ("momentum_buffer",), self.state_dtype)
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -78,11 +88,14 @@ class DistributedMuon(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, dtype=self.state_dtype)
                 buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                work = buf if buf.dtype == p.grad.dtype else buf.to(p.grad.dtype)  # bf16 state
+                work.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(work, momentum) if group["nesterov"] else work
                 ortho = orthogonalize(update, group)
+                if work is not buf:
+                    buf.copy_(work)
                 p.mul_(1 - lr * wd)
                 p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape[-2:]))
         return loss

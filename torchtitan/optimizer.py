@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from torchtitan.bf16_state import BF16StateAdam
 from torchtitan.config_manager import Optimizer as OptimizerConfig
 from torchtitan.errors import ConfigError
 from torchtitan.log import logger
@@ -48,11 +49,13 @@ def _build_adam(groups: list[Group], cfg: OptimizerConfig) -> torch.optim.Optimi
         "fused": impl == "fused",
         "foreach": impl == "foreach",
     }
-    cls = torch.optim.Adam if cfg.name == "Adam" else torch.optim.AdamW
     param_groups = [
         {"params": g.params, "lr": cfg.lr * g.lr_multiplier, "weight_decay": g.weight_decay}
         for g in groups
     ]
+    if cfg.state_dtype == "bfloat16":
+        return BF16StateAdam(param_groups, decoupled=cfg.name != "Adam", **kwargs)
+    cls = torch.optim.Adam if cfg.name == "Adam" else torch.optim.AdamW
     return cls(param_groups, **kwargs)
 
 
@@ -63,7 +66,8 @@ def _build_muon(groups: list[Group], cfg: OptimizerConfig) -> torch.optim.Optimi
     ]
     return DistributedMuon(param_groups, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
                            momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
-                           adjust_lr_fn=cfg.muon_adjust_lr)  # fmt: skip
+                           adjust_lr_fn=cfg.muon_adjust_lr,
+                           state_dtype=torch.bfloat16 if cfg.state_dtype == "bfloat16" else None)  # fmt: skip
 
 
 def _split_for_muon(model: nn.Module, groups: list[Group], part: int) -> list[Group]:

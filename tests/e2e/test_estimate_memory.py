@@ -87,6 +87,27 @@ def test_loss_chunks_drop_the_logits_from_the_estimate_and_the_measured_peak(tmp
 
 
 @pytest.mark.slow
+def test_muon_and_bf16_optimizer_state_in_the_trace_and_the_formula(tmp_path):
+    """Muon keeps one buffer per hidden matrix (AdamW two moments for the rest), bfloat16 state
+    half the bytes: the traced optimizer state (FSDP 2) is the formula's in each case."""
+    base = ["--world-size", "2", "--job.config_file", "train_configs/debug_model.toml"]
+    adamw = _estimate(tmp_path, *base)
+    muon = _estimate(tmp_path, *base, "--optimizer.name", "Muon")
+    half = _estimate(tmp_path, *base, "--optimizer.state_dtype", "bfloat16")
+    for e in (adamw, muon, half):
+        assert e["breakdown_gib"]["optimizer"] == pytest.approx(
+            e["formula_gib"]["optimizer"], rel=0.02
+        )
+    assert half["formula_gib"]["optimizer"] == pytest.approx(
+        adamw["formula_gib"]["optimizer"] / 2, rel=1e-6
+    )
+    # the debug model: 4,718,592 of its 5,876,992 parameters are hidden matrices
+    expected = (4_718_592 + 2 * (5_876_992 - 4_718_592)) / (2 * 5_876_992)
+    ratio = muon["formula_gib"]["optimizer"] / adamw["formula_gib"]["optimizer"]
+    assert ratio == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.slow
 def test_sharded_state_matches_the_formula_and_layouts_shrink_the_peak(tmp_path):
     """Under FSDP the traced optimizer state is the formula's (2 float32 moments of the local
     shard); sharding, tensor parallel and context parallel each lower the per-device peak."""
