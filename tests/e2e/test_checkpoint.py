@@ -128,8 +128,12 @@ def test_muon_resumes_under_another_layout(tmp_path):
            "--training.local_batch_size", "8", *muon, ngpu=2)  # fmt: skip
     resumed = tensorboard_scalars_all_runs(tmp_path / "out")
     assert sorted(resumed) == list(range(1, 21))
-    for step in range(1, 21):
-        assert abs(resumed[step] - unbroken[step]) <= 1e-4, (step, resumed[step], unbroken[step])
+    gap = {step: abs(resumed[step] - unbroken[step]) for step in range(1, 21)}
+    # Muon's bfloat16 Newton-Schulz amplifies the layouts' summation-order differences: FSDP 2
+    # alone drifts about 4e-5 from one process by step 10, 2e-4 by step 20 (measured). A resume
+    # that lost or garbled state would jump at step 11 instead; this one does not.
+    assert gap[11] <= max(gap[s] for s in range(1, 11)) + 1e-5, gap
+    assert max(gap.values()) <= 5e-4, gap
 
 
 @pytest.mark.slow
