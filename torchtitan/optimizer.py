@@ -105,6 +105,7 @@ class Optimizers:
         self.rule_hits = [0] * len(self.rules)  # parameters each rule matched on this rank
         self.plans: list[list[Group]] = []  # each part's groups
         self.per_part: list[list[torch.optim.Optimizer]] = []
+        self.groups_of: dict[int, list[Group]] = {}  # id(optimizer) -> its groups, in order
         for i, m in enumerate(model_parts):
             groups, hits = plan_groups(m, cfg.weight_decay, cfg.weight_decay_exempt, self.rules)
             self.rule_hits = [a + b for a, b in zip(self.rule_hits, hits)]
@@ -113,8 +114,10 @@ class Optimizers:
             self.plans.append(groups)
             adam = [g for g in groups if g.optimizer != "Muon"]
             muon = [g for g in groups if g.optimizer == "Muon"]
-            opts = [_build_adam(adam, cfg)] if adam else []
-            self.per_part.append(opts + ([_build_muon(muon, cfg)] if muon else []))
+            built = [(_build_adam(adam, cfg), adam)] if adam else []
+            built += [(_build_muon(muon, cfg), muon)] if muon else []
+            self.per_part.append([opt for opt, _ in built])
+            self.groups_of.update({id(opt): mine for opt, mine in built})
         self.optimizers = [opt for opts in self.per_part for opt in opts]
         self.betas, self.eps = (cfg.beta1, cfg.beta2), cfg.eps
 
@@ -143,20 +146,13 @@ class Optimizers:
         groups' settings stay the configured ones (a checkpoint written with other groups, or
         before there were groups, would give a whole group the weight decay of its first
         parameter); the learning rate is the schedule's, set when the scheduler loads."""
-        for model, opts, groups in zip(self.model_parts, self.per_part, self.plans):
+        for model, opts in zip(self.model_parts, self.per_part):
             set_optimizer_state_dict(model, opts, state_dict, options=_FLAT)
-            for opt, mine in zip(opts, _by_optimizer(groups)):
-                for param_group, group in zip(opt.param_groups, mine):
+            for opt in opts:
+                for param_group, group in zip(opt.param_groups, self.groups_of[id(opt)]):
                     param_group["weight_decay"] = group.weight_decay
                     if "betas" in param_group:
                         param_group["betas"], param_group["eps"] = self.betas, self.eps
-
-
-def _by_optimizer(groups: list[Group]) -> list[list[Group]]:
-    """A part's groups as its optimizers hold them: AdamW's, then Muon's (if any)."""
-    adam = [g for g in groups if g.optimizer != "Muon"]
-    muon = [g for g in groups if g.optimizer == "Muon"]
-    return [x for x in (adam, muon) if x]
 
 
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
