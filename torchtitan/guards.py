@@ -75,10 +75,12 @@ class LossSpikeGuard:
     def _stop(self, step: int, checkpointer: Any) -> None:
         checkpointer.close()  # a background save of an earlier, accepted step is marked complete
         first = step - self.consecutive + 1
-        raise TrainingDiverged(
+        error = TrainingDiverged(
             f"steps {first}-{step}: {self.consecutive} loss spikes in a row "
             f"(resilience.loss_spike_max_consecutive = {self.max_consecutive}); training stopped "
             f"and nothing from these steps is saved (newest checkpoint: "
             f"{checkpointer.newest_complete() or 'none'}). Look at those batches (logged above), "
             "lower optimizer.lr, or raise resilience.loss_spike_zscore, then resume"
         )
+        error.names_rank = False  # every rank judges the same loss (averaged over ranks)
+        raise error

@@ -106,7 +106,7 @@ def test_spikes_in_a_row_stop_the_run_and_nothing_from_them_is_saved(tmp_path):
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     folder = tmp_path / "out" / "checkpoint"
     assert errors == [
-        "error: rank 0: steps 20-22: 3 loss spikes in a row "
+        "error: steps 20-22: 3 loss spikes in a row "
         "(resilience.loss_spike_max_consecutive = 3); training stopped and nothing from these "
         f"steps is saved (newest checkpoint: {folder / 'step-19'}). Look at those batches "
         "(logged above), lower optimizer.lr, or raise resilience.loss_spike_zscore, then resume"

@@ -188,6 +188,7 @@ def _tp_worker(norm_type: str, result: str) -> None:
     if dist.get_rank() == 0:
         with open(result, "w") as f:
             json.dump(out, f)
+    dist.barrier()  # neither rank tears its gloo pairs down while the other still uses them
     dist.destroy_process_group()
 
 
