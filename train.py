@@ -130,6 +130,7 @@ class Loop:
     validator: Validator | None
     train_state: TrainState
     preemption: Preemption
+    _mean_loss: tuple[int, float] = (0, 0.0)  # (step, its loss averaged over the ranks)
 
     @cached_property
     def expert_load(self) -> ExpertLoad:
@@ -195,14 +196,23 @@ class Loop:
                     logger.info(startup.summary())
                     startup = None
 
-    def log(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
-        """The step's metrics: the loss averaged over the ranks, MoE load, stragglers, spikes."""
-        extra = self.expert_load.metrics() if self.expert_load else {}
+    def log(
+        self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: dict[str, float]
+    ) -> None:
+        """The step's metrics: the loss averaged over the ranks, learning rates, MoE load,
+        stragglers, spikes."""
+        extra = {k: v for k, v in lr.items() if k != "lr"}
+        extra |= self.expert_load.metrics() if self.expert_load else {}
         extra |= self.stragglers.report(step)
         if self.spike_guard.enabled:
             extra["loss_spikes/skipped"] = float(self.spike_guard.skipped)
-        loss_value = mean_over(loss, self.rt.dims.loss_mesh)
-        self.metrics.log(step, loss_value, float(grad_norm), lr, extra=extra)
+        self.metrics.log(step, self.mean_loss(step, loss), float(grad_norm), lr["lr"], extra=extra)
+
+    def mean_loss(self, step: int, loss: torch.Tensor) -> float:
+        """The step's loss averaged over the ranks: one all-reduce, however often it is asked."""
+        if self._mean_loss[0] != step:
+            self._mean_loss = (step, mean_over(loss, self.rt.dims.loss_mesh))
+        return self._mean_loss[1]
 
     def skips_update(self, step: int, loss: torch.Tensor) -> bool:
         """Whether the loss spike guard skips this step's update (the loss over every rank)."""
@@ -211,8 +221,7 @@ class Loop:
         batch = self.rt.plan.global_batch_size
         position = (f"global batch {step} of the data stream: its sequences {(step - 1) * batch}"
                     f"-{step * batch - 1}, after {self.train_state.ntokens_seen:,} tokens")  # fmt: skip
-        loss_value = mean_over(loss, self.rt.dims.loss_mesh)
-        return self.spike_guard.skips(step, loss_value, position, self.checkpointer)
+        return self.spike_guard.skips(step, self.mean_loss(step, loss), position, self.checkpointer)
 
     def stop_if_preempted(self, step: int) -> None:
         """After a stop signal reached any rank, every rank saves this step and exits (code 160)."""
@@ -250,11 +259,12 @@ class Loop:
             self.params, max_norm, pp_group=self.rt.dims.pp_group
         )
 
-    def optimizer_step(self, step: int, skip: bool = False) -> float:
-        """The update (after a background save has copied the weights it needs); the lr used.
-        A skipped update changes nothing, nor does the schedule move; the batch is consumed."""
+    def optimizer_step(self, step: int, skip: bool = False) -> dict[str, float]:
+        """The update (after a background save has copied the weights it needs); the learning
+        rates it used. A skipped update changes nothing, nor does the schedule move; the batch is
+        consumed."""
         self.checkpointer.wait_for_staging()
-        lr = self.lr_scheduler.get_last_lr()[0]
+        lr = self.learning_rates()
         if not skip:
             self.optimizer.step()
             if self.expert_load:  # the routing biases move with the step's load
@@ -265,6 +275,15 @@ class Loop:
         self.train_state.step = step
         self.train_state.ntokens_seen += tokens
         return lr
+
+    def learning_rates(self) -> dict[str, float]:
+        """The next step's ``lr`` (optimizer.lr on its schedule) and, with Muon, ``lr/muon``
+        (optimizer.muon_lr on the same schedule); parameter groups scale them by their multiplier."""
+        cfg, factor = self.job_config.optimizer, self.lr_scheduler.factor()
+        lrs = {"lr": cfg.lr * factor}
+        if cfg.name == "Muon":
+            lrs["lr/muon"] = cfg.muon_lr * factor
+        return lrs
 
 
 def main(argv: list[str] | None = None) -> int:

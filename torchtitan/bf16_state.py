@@ -14,6 +14,7 @@ against float32 states before a long run (docs/optimizers.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -36,28 +37,37 @@ class BF16StateAdam(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
+        loss = closure_loss(closure)
+        for group, p, state in with_grads(self):
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, dtype=torch.bfloat16)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.bfloat16)
+            exp_avg, exp_avg_sq = state["exp_avg"].float(), state["exp_avg_sq"].float()
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.bfloat16)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.bfloat16)
-                exp_avg, exp_avg_sq = state["exp_avg"].float(), state["exp_avg_sq"].float()
-                adam([p], [p.grad], [exp_avg], [exp_avg_sq], [], [state["step"]], foreach=False,
-                     decoupled_weight_decay=self.decoupled, amsgrad=False, beta1=beta1,
-                     beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-                     eps=group["eps"], maximize=False)  # fmt: skip
-                state["exp_avg"].copy_(exp_avg)
-                state["exp_avg_sq"].copy_(exp_avg_sq)
+            adam([p], [p.grad], [exp_avg], [exp_avg_sq], [], [state["step"]], foreach=False,
+                 decoupled_weight_decay=self.decoupled, amsgrad=False, beta1=beta1, beta2=beta2,
+                 lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+                 maximize=False)  # fmt: skip
+            state["exp_avg"].copy_(exp_avg)
+            state["exp_avg_sq"].copy_(exp_avg_sq)
         return loss
+
+
+def closure_loss(closure: Any) -> Any:
+    """torch.optim's closure protocol: the loss the closure recomputes with gradients, or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def with_grads(opt: torch.optim.Optimizer) -> Iterator[tuple[dict, torch.Tensor, dict]]:
+    """``(group, parameter, its state)`` for every parameter of ``opt`` that has a gradient."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                yield group, p, opt.state[p]
 
 
 def keep_state_dtype(opt: torch.optim.Optimizer, keys: tuple[str, ...], dtype: torch.dtype) -> None:

@@ -51,6 +51,11 @@ class LRSchedulers:
     def get_last_lr(self) -> list[float]:
         return self.schedulers[0].get_last_lr()
 
+    def factor(self) -> float:
+        """The schedule's multiplier for the next optimizer step (``lr_factor``)."""
+        s = self.schedulers[0]
+        return s.lr_lambdas[0](s.last_epoch)
+
     def state_dict(self) -> dict[str, Any]:
         """``{"last_epoch": finished optimizer steps}``: the schedule itself comes from config."""
         return {"last_epoch": self.schedulers[0].last_epoch}

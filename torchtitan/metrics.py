@@ -154,9 +154,10 @@ class MetricsProcessor:
         c = self.colors
         mem = "rss" if device_type == "cpu" else "memory"
         mfu_s = f"{mfu:.2f}%" if mfu is not None else "n/a"
+        muon = f"muon lr: {v['lr/muon']:.4e}  " if "lr/muon" in v else ""
         logger.info(
             f"{c.red}step: {step}  {c.green}loss: {v['loss']:.4f}  "
-            f"{c.reset}grad_norm: {v['grad_norm']:.4f}  lr: {v['lr']:.4e}  "
+            f"{c.reset}grad_norm: {v['grad_norm']:.4f}  lr: {v['lr']:.4e}  {muon}"
             f"{c.yellow}{mem}: {v['memory/peak_active_gib']:5.2f}GiB  "
             f"{c.blue}tps: {round(v['throughput/tps']):,}  "
             f"{c.cyan}tflops: {v['throughput/tflops']:,.2f}  "

@@ -8,7 +8,9 @@ optimizer gathers the update (``full_tensor``: an all-gather over the parameter'
 rank orthogonalizes the same whole matrix, and keeps its own shard of the result
 (``distribute_tensor`` with ``src_data_rank=None``: no communication). One process and every
 layout therefore orthogonalize the same matrices. A 3-D parameter (the stacked routed experts of a
-mixture-of-experts layer) is a batch of matrices, each orthogonalized on its own.
+mixture-of-experts layer) is a batch of matrices, each orthogonalized on its own; split on the
+expert dim (expert parallel, FSDP), each rank orthogonalizes only its own experts, gathered only
+where a split runs through the matrices (expert tensor parallel).
 
 The arithmetic is torch's own (``torch.optim._muon``: the Newton-Schulz iteration in bfloat16 and
 the learning-rate adjustment by shape); the state (``momentum_buffer``) is torch's, so the
@@ -20,25 +22,42 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
-from torchtitan.bf16_state import keep_state_dtype
+from torchtitan.bf16_state import closure_loss, keep_state_dtype, with_grads
 
 
 def orthogonalize(update: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
     """Newton-Schulz of the whole matrix (or of each matrix of a 3-D stack), as ``update``."""
+    if isinstance(update, DTensor) and update.ndim == 3:
+        return _orthogonalize_own_experts(update, group)
     whole = update.full_tensor() if isinstance(update, DTensor) else update
-    coefficients, steps, eps = group["ns_coefficients"], group["ns_steps"], group["eps"]
-    if whole.ndim == 2:
-        ortho = _zeropower_via_newtonschulz(whole, coefficients, steps, eps)
-    else:
-        ortho = torch.stack([_zeropower_via_newtonschulz(m, coefficients, steps, eps)
-                             for m in whole])  # fmt: skip
-    ortho = ortho.to(update.dtype)
+    ortho = _newton_schulz(whole, group).to(update.dtype)
     if isinstance(update, DTensor):  # this rank's shard of the same whole result
         return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None)
     return ortho
+
+
+def _newton_schulz(matrices: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+    coefficients, steps, eps = group["ns_coefficients"], group["ns_steps"], group["eps"]
+    if matrices.ndim == 2:
+        return _zeropower_via_newtonschulz(matrices, coefficients, steps, eps)
+    return torch.stack([_zeropower_via_newtonschulz(m, coefficients, steps, eps)
+                        for m in matrices])  # fmt: skip
+
+
+def _orthogonalize_own_experts(update: DTensor, group: dict[str, Any]) -> DTensor:
+    """A stack of experts split on the expert dim (expert parallel, FSDP) needs no gathering
+    there: each rank orthogonalizes whole matrices of its own experts. Only splits inside the
+    matrices (expert tensor parallel) are gathered; the result is split back the same way."""
+    mesh, placements = update.device_mesh, update.placements
+    own = [p if isinstance(p, Shard) and p.dim == 0 else Replicate() for p in placements]
+    mine = update.redistribute(mesh, own).to_local()
+    ortho = _newton_schulz(mine, group).to(update.dtype)
+    ortho = DTensor.from_local(ortho, mesh, own, run_check=False, shape=update.shape,
+                               stride=update.stride())  # fmt: skip
+    return ortho.redistribute(mesh, placements)
 
 
 class DistributedMuon(torch.optim.Optimizer):
@@ -77,25 +96,18 @@ class DistributedMuon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
+        loss = closure_loss(closure)
+        for group, p, state in with_grads(self):
             lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad, dtype=self.state_dtype)
-                buf = state["momentum_buffer"]
-                work = buf if buf.dtype == p.grad.dtype else buf.to(p.grad.dtype)  # bf16 state
-                work.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(work, momentum) if group["nesterov"] else work
-                ortho = orthogonalize(update, group)
-                if work is not buf:
-                    buf.copy_(work)
-                p.mul_(1 - lr * wd)
-                p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape[-2:]))
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad, dtype=self.state_dtype)
+            buf = state["momentum_buffer"]
+            work = buf if buf.dtype == p.grad.dtype else buf.to(p.grad.dtype)  # bf16 state
+            work.lerp_(p.grad, 1 - momentum)
+            update = p.grad.lerp(work, momentum) if group["nesterov"] else work
+            ortho = orthogonalize(update, group)
+            if work is not buf:
+                buf.copy_(work)
+            p.mul_(1 - lr * wd)
+            p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape[-2:]))
         return loss

@@ -27,6 +27,7 @@ from __future__ import annotations
 import pytest
 from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, launch, tensorboard_scalars_all_runs
 from repo_paths import ROOT
+from tiers import params
 
 STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
 CONFIGS = {"llama4": "llama4_debug.toml", "qwen3_moe": "qwen3_moe_debug.toml"}
@@ -120,6 +121,42 @@ def test_moe_layout_matches_one_process(tmp_path, baselines, layout):
     # halved under EP2 (a bug once) gave 0.83360, quartered under EP4 0.83348
     norm, base_norm = GRAD_NORMS[str(tmp_path)][1], baselines[f"{family}_grad_norm"][1]
     assert norm == pytest.approx(base_norm, rel=3e-4), (norm, base_norm)
+
+
+# Muon for the hidden matrices, the routers and each expert of the stacks; AdamW for the rest.
+# Experts split on the expert dim (EP, and FSDP over it) are orthogonalized where they are; split
+# through the matrices (expert tensor parallel), gathered first (tests/e2e/test_muon_sharded.py).
+MUON = ["--optimizer.name", "Muon", "--optimizer.muon_lr", "0.02"]
+MUON_LAYOUTS = ["llama4_ep2_fsdp2", "llama4_ep2", "llama4_ep2_tp2", "qwen3_moe_fsdp2"]
+
+
+@pytest.fixture(scope="module")
+def muon_baselines(tmp_path_factory, baselines) -> dict[str, dict[int, float]]:
+    """One process per family as ``baselines``, with Muon (run when a family is first asked)."""
+    cache: dict[str, dict[int, float]] = {}
+
+    def baseline(family: str) -> dict[int, float]:
+        if family not in cache:
+            folder = tmp_path_factory.mktemp(f"single_{family}_muon")
+            losses = _run(folder, family, 1, [*_batch(4), *MUON])
+            assert losses[1] - losses[STEPS] > 0.1, losses
+            assert max(abs(losses[s] - baselines[family][s]) for s in losses) > 1e-3
+            cache[family] = losses
+        return cache[family]
+
+    return baseline
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", params(MUON_LAYOUTS, extended=MUON_LAYOUTS[1:]))
+def test_muon_under_expert_parallel_matches_one_process(tmp_path, muon_baselines, layout):
+    family, ngpu, extra = LAYOUTS[layout]
+    losses, baseline = _run(tmp_path, family, ngpu, [*extra, *MUON]), muon_baselines(family)
+    worst = max(abs(losses[s] - baseline[s]) for s in losses)
+    print(f"\n{layout} muon: step 1 {losses[1]:.6f} vs {baseline[1]:.6f}; max |diff| {worst:.2e}")
+    assert abs(losses[1] - baseline[1]) <= 1e-4, (losses, baseline)
+    for step in range(1, STEPS + 1):
+        assert abs(losses[step] - baseline[step]) <= 1e-3, (step, losses, baseline)
 
 
 # no LR decay: a 4-step and an 8-step run then follow the same schedule

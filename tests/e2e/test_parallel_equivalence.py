@@ -194,8 +194,13 @@ MUON_LAYOUTS = {name: LAYOUTS[name] for name in ("fsdp2_tp2", "pp2_tp2")} | {
 def muon_baseline(tmp_path_factory, baseline) -> dict[int, float]:
     """One process as ``baseline``, with Muon."""
     extra = ["--training.local_batch_size", "4", *MUON]
-    losses, stdout = _run(tmp_path_factory.mktemp("single_muon"), 1, extra)
+    folder = tmp_path_factory.mktemp("single_muon")
+    losses, stdout = _run(folder, 1, extra)
     assert "Muon, weight decay 0.1: " in stdout, stdout[-3000:]  # the groups logged
+    # both learning rates are logged, each from its own peak on the one schedule (warm-up here)
+    lr, muon_lr = (tensorboard_scalars(folder / "out", tag) for tag in ("lr", "lr/muon"))
+    assert lr[1] < lr[2] and all(muon_lr[s] == pytest.approx(25 * lr[s]) for s in lr), (lr, muon_lr)
+    assert f"muon lr: {muon_lr[1]:.4e}" in stdout, stdout[-3000:]
     assert losses[1] - losses[STEPS] > 0.1, losses  # it trains (8.27 -> 8.07 measured)
     assert max(abs(losses[s] - baseline[s]) for s in losses) > 1e-3, (losses, baseline)
     return losses

@@ -66,3 +66,27 @@ def test_scheduler_applies_factor_before_each_step():
         sched.step()
     assert seen == pytest.approx([2 * f for f in _factors(4, warmup_steps=2, min_lr_factor=0.0)])
     assert sched.state_dict()["last_epoch"] == 4
+
+
+def test_optimizers_share_the_schedule_each_from_its_own_peak():
+    """An ``Optimizers``' schedulers (AdamW and Muon beside it): each optimizer's lr is its own
+    base lr times the one ``factor()`` the metrics report (``lr`` and ``lr/muon``)."""
+    from torchtitan.lr_scheduling import LRSchedulers
+
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(2)]
+    opts = [torch.optim.SGD([params[0]], lr=8e-4), torch.optim.SGD([params[1]], lr=0.02)]
+
+    class Both:
+        optimizers = opts
+
+    cfg = LRScheduler(warmup_steps=2, decay_type="cosine", min_lr_factor=0.1)
+    sched = build_lr_scheduler(Both(), cfg, total_steps=6)
+    assert isinstance(sched, LRSchedulers)
+    expected = _factors(6, warmup_steps=2, decay_type="cosine", min_lr_factor=0.1)
+    for step in range(6):
+        assert sched.factor() == pytest.approx(expected[step])
+        assert opts[0].param_groups[0]["lr"] == pytest.approx(8e-4 * expected[step])
+        assert opts[1].param_groups[0]["lr"] == pytest.approx(0.02 * expected[step])
+        for o in opts:
+            o.step()
+        sched.step()
