@@ -63,6 +63,8 @@ LAYOUTS = {
     # whole experts, EP over all 4 ranks (both data-parallel ranks x both TP ranks): 2 experts each
     "llama4_ep4_tp2_etp1": ("llama4", 4, [*_ep(4), *TP2, *_batch(4)]),
     "llama4_ep2_pp2": ("llama4", 4, [*_ep(2), *PP2, *_batch(4)]),
+    # whole experts, EP over the TP ranks of each pipeline stage
+    "llama4_ep2_tp2_etp1_pp2": ("llama4", 4, [*_ep(2), *TP2, *PP2, *_batch(8)]),
     # EP over the two context-parallel ranks (they hold different tokens of each sequence)
     "llama4_ep2_cp2": ("llama4", 2, [*_ep(2), "--parallelism.context_parallel_degree", "2",
                                      *_batch(8)]),
@@ -105,8 +107,13 @@ def baselines(tmp_path_factory) -> dict[str, dict[int, float]]:
     return out
 
 
+# Outside CI's time budget (pytest --extended): EP 4 (CI resumes under EP 4, and runs it with
+# whole experts over TP) and whole experts over TP without FSDP (CI runs them with it)
+EXTENDED_LAYOUTS = ["llama4_ep4", "llama4_ep2_tp2_etp1", "llama4_ep2_tp2_etp1_pp2"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", params(LAYOUTS, extended=EXTENDED_LAYOUTS))
 def test_moe_layout_matches_one_process(tmp_path, baselines, layout):
     family, ngpu, extra = LAYOUTS[layout]
     losses, baseline = _run(tmp_path, family, ngpu, extra), baselines[family]
