@@ -199,6 +199,24 @@ def test_expert_parallel_resumes_exactly_and_under_another_degree(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
+def test_muon_state_of_the_experts_resumes_under_another_expert_parallel_degree(tmp_path):
+    """Muon's momentum of the experts (split on the expert dim) saved under EP 2 at step 4 and
+    loaded under EP 4: the first step after the resume, computed from the loaded state alone,
+    gives the unbroken EP 2 run's loss; later steps follow EP 4's own sums (the bar of the AdamW
+    test above)."""
+    args = [*CHECKPOINTS, *MUON]
+    straight = _run(tmp_path / "straight", "llama4", 2, [*_ep(2), *_batch(4), *args])
+    _run(tmp_path / "other", "llama4", 2, [*_ep(2), *_batch(4), *args], steps=4)
+    other = _run(tmp_path / "other", "llama4", 4, [*_ep(4), *_batch(2), *args], resumes=True)
+    print("\nEP 2 -> EP 4 muon |diff| by step:",
+          [f"{abs(other[s] - straight[s]):.1e}" for s in range(1, STEPS + 1)])  # fmt: skip
+    for step in range(1, STEPS + 1):
+        bar = 1e-5 if step <= 5 else 5e-3
+        assert abs(other[step] - straight[step]) <= bar, (step, other, straight)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "compiled, families",
     [
