@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
@@ -37,6 +38,73 @@ def orthogonalize(update: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
     if isinstance(update, DTensor):  # this rank's shard of the same whole result
         return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None)
     return ortho
+
+
+def orthogonalize_all(updates: list[tuple[torch.Tensor, dict[str, Any]]]) -> list[torch.Tensor]:
+    """``orthogonalize`` of each ``(update, group)``, the same numbers. Matrices split by rows
+    over a one-dimensional mesh (FSDP; column-wise tensor parallel) are shared out: in turn each
+    rank of the mesh receives the rows of one matrix (an all-to-all), orthogonalizes it, and
+    sends each rank its rows back (a second all-to-all), so a mesh of W ranks does each
+    Newton-Schulz once rather than W times, for the same traffic as gathering every matrix."""
+    out: list[torch.Tensor | None] = [None] * len(updates)
+    queues: dict[tuple, list[int]] = {}  # (mesh, dtype) -> the indices it shares out, in order
+    for i, (update, group) in enumerate(updates):
+        if _rows_split_on_one_dim(update):
+            queues.setdefault((update.device_mesh, update.dtype), []).append(i)
+        else:
+            out[i] = orthogonalize(update, group)
+    for (mesh, _), indices in queues.items():
+        for start in range(0, len(indices), mesh.size()):
+            turn = indices[start : start + mesh.size()]
+            for i, ortho in zip(turn, _shared_out([updates[i] for i in turn], mesh)):
+                out[i] = ortho
+    return out  # type: ignore[return-value]
+
+
+def _rows_split_on_one_dim(update: torch.Tensor) -> bool:
+    return (isinstance(update, DTensor) and update.ndim == 2 and update.device_mesh.ndim == 1
+            and update.placements == (Shard(0),) and update.device_mesh.size() > 1)  # fmt: skip
+
+
+def _row_counts(rows: int, ranks: int) -> list[int]:
+    """Each rank's rows of a ``Shard(0)`` split (``torch.chunk``'s: ceil-sized, the last short)."""
+    size = -(-rows // ranks)
+    return [max(0, min(rows, (r + 1) * size) - r * size) for r in range(ranks)]
+
+
+def _shared_out(turn: list[tuple[DTensor, dict[str, Any]]], mesh: Any) -> list[DTensor]:
+    """Rank ``i`` of the mesh orthogonalizes the whole ``turn[i]`` (a turn has at most one
+    matrix per rank); every rank gets its rows of each result back."""
+    ranks, me, pg = mesh.size(), mesh.get_local_rank(), mesh.get_group()
+    rows = [_row_counts(u.shape[0], ranks) for u, _ in turn]
+    cols = [u.shape[1] for u, _ in turn]
+    local = [u.to_local() for u, _ in turn]
+    assert all(t.shape[0] == rows[i][me] for i, t in enumerate(local)), "unexpected FSDP split"
+    mine = me < len(turn)  # whether this rank orthogonalizes one matrix of the turn
+    gathered = local[0].new_empty((turn[me][0].numel(),) if mine else (0,))
+    send = torch.cat([t.reshape(-1) for t in local])
+    sent = [rows[i][me] * cols[i] for i in range(len(turn))] + [0] * (ranks - len(turn))
+    received = [rows[me][r] * cols[me] if mine else 0 for r in range(ranks)]
+    dist.all_to_all_single(gathered, send, received, sent, group=pg)
+    if mine:
+        whole = gathered.view(turn[me][0].shape)
+        result = _newton_schulz(whole, turn[me][1]).to(whole.dtype).reshape(-1)
+    else:
+        result = gathered
+    back = local[0].new_empty(send.shape)
+    dist.all_to_all_single(back, result.contiguous(), sent, received, group=pg)
+    pieces = back.split([rows[i][me] * cols[i] for i in range(len(turn))])
+    return [
+        DTensor.from_local(
+            piece.view(local[i].shape),
+            mesh,
+            u.placements,
+            run_check=False,
+            shape=u.shape,
+            stride=u.stride(),
+        )  # fmt: skip
+        for i, (piece, (u, _)) in enumerate(zip(pieces, turn))
+    ]
 
 
 def _newton_schulz(matrices: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
@@ -97,17 +165,19 @@ class DistributedMuon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = closure_loss(closure)
+        todo = []  # (group, parameter, update): every momentum first, then the orthogonalizations
         for group, p, state in with_grads(self):
-            lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p.grad, dtype=self.state_dtype)
-            buf = state["momentum_buffer"]
+            buf, momentum = state["momentum_buffer"], group["momentum"]
             work = buf if buf.dtype == p.grad.dtype else buf.to(p.grad.dtype)  # bf16 state
             work.lerp_(p.grad, 1 - momentum)
-            update = p.grad.lerp(work, momentum) if group["nesterov"] else work
-            ortho = orthogonalize(update, group)
+            todo.append((group, p, p.grad.lerp(work, momentum) if group["nesterov"] else work))
             if work is not buf:
                 buf.copy_(work)
-            p.mul_(1 - lr * wd)
+        orthos = orthogonalize_all([(update, group) for group, _, update in todo])
+        for (group, p, _), ortho in zip(todo, orthos):
+            lr = group["lr"]
+            p.mul_(1 - lr * group["weight_decay"])
             p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape[-2:]))
         return loss

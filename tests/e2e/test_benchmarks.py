@@ -175,3 +175,15 @@ def test_train_throughput_setting_may_set_its_own_process_count():
     assert (
         "1/4 processes (per setting: [N])" in table and "one [1]" in table and "four [4]" in table
     )
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_muon_step_shares_out_the_matrices_with_the_same_result(tmp_path):
+    out = _bench(tmp_path, "muon_step.py", "--ranks", "2", "--repeats", "1", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    # the debug model's hidden matrices, as Muon's group line counts them (docs/optimizers.md)
+    assert r["ranks"] == 2 and r["matrices"] == 30 and r["parameters"] == 4_718_592, r
+    assert r["equal"] is True and r["every_rank_s"] > 0 and r["shared_out_s"] > 0, r
+    assert r["speedup"] == pytest.approx(r["every_rank_s"] / r["shared_out_s"])

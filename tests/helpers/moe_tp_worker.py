@@ -91,6 +91,7 @@ def main() -> None:
     for family in [a for a in sys.argv[1:] if not a.startswith("--")]:
         run(family, split, whole=False, compiled=compiled)
         run(family, whole, whole=True, compiled=compiled)
+    dist.barrier()  # neither rank tears its gloo pairs down while another still uses them
     dist.destroy_process_group()
 
 

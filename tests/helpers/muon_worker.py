@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from torchtitan.muon import orthogonalize
+from torchtitan.muon import orthogonalize, orthogonalize_all
 
 GROUP = {"ns_coefficients": (3.4445, -4.775, 2.0315), "ns_steps": 5, "eps": 1e-7}
 R, S0, S1, S2 = Replicate(), Shard(0), Shard(1), Shard(2)
@@ -46,8 +46,34 @@ def main() -> None:
         equal = torch.equal(ortho.full_tensor(), expected)
         if dist.get_rank() == 0:
             print(f"RESULT {name} {int(equal)} {comm.get_total_counts()}", flush=True)
+    shared_out(dist.get_world_size())
     dist.barrier()  # neither rank tears its gloo pairs down while another still uses them
     dist.destroy_process_group()
+
+
+def shared_out(world: int) -> None:
+    """``orthogonalize_all`` over a list like an FSDP model's: row-split matrices of several
+    sizes (uneven, and with fewer rows than ranks) in two dtypes, between an expert stack and a
+    column-split matrix, which keep their own path. Each result equal to the whole tensor's."""
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    shapes = [(16, 12), (6, 5), (3, 7), (8, 8, 4), (17, 9), (12, 16), (20, 4), (5, 5), (9, 2)]
+    placements = [(S0,)] * 9
+    placements[3], placements[6] = (S0,), (S1,)  # the stack (own experts), a column split
+    dtypes = [torch.float32] * 9
+    dtypes[4] = dtypes[7] = torch.bfloat16
+    wholes = [torch.randn(s, generator=torch.Generator().manual_seed(i)).to(d)
+              for i, (s, d) in enumerate(zip(shapes, dtypes))]  # fmt: skip
+    splits = [distribute_tensor(w, mesh, p) for w, p in zip(wholes, placements)]
+    with CommDebugMode() as comm:
+        orthos = orthogonalize_all([(u, GROUP) for u in splits])
+    equal = all(
+        o.placements == u.placements and torch.equal(o.full_tensor(), orthogonalize(w, GROUP))
+        for o, u, w in zip(orthos, splits, wholes)
+    )
+    if dist.get_rank() == 0:
+        # float32 row splits: 5 matrices (2 turns of 4 ranks), bfloat16: 2 (1 turn), 2 all-to-alls
+        # a turn; the column split: one all-gather; the stack: nothing
+        print(f"RESULT shared_out {int(equal)} {comm.get_total_counts()}", flush=True)
 
 
 if __name__ == "__main__":

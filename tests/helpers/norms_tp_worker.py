@@ -105,6 +105,7 @@ def main() -> None:
             print(f"RESULT {variant} {logits_err:.3e} {grad_err:.3e}", flush=True)
     if dist.get_rank() == 0:
         print("norm weight gradient placements:", set(placements["rmsnorm"].values()))
+    dist.barrier()  # neither rank tears its gloo pairs down while another still uses them
     dist.destroy_process_group()
 
 

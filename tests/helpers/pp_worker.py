@@ -84,6 +84,7 @@ def main() -> None:
         dist.all_reduce(err, op=dist.ReduceOp.MAX)
         if rank == 0:
             print(f"RESULT {schedule} {loss:.8f} {ref_loss:.8f} {err.item():.3e}", flush=True)
+    dist.barrier()  # neither rank tears its gloo pairs down while another still uses them
     dist.destroy_process_group()
 
 
