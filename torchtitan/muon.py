@@ -10,7 +10,9 @@ rank orthogonalizes the same whole matrix, and keeps its own shard of the result
 layout therefore orthogonalize the same matrices. A 3-D parameter (the stacked routed experts of a
 mixture-of-experts layer) is a batch of matrices, each orthogonalized on its own; split on the
 expert dim (expert parallel, FSDP), each rank orthogonalizes only its own experts, gathered only
-where a split runs through the matrices (expert tensor parallel).
+where a split runs through the matrices (expert tensor parallel). Matrices split by rows over one
+mesh dim (FSDP) are not orthogonalized on every rank: the optimizer step shares them out, one
+matrix per rank in each turn (``turns``).
 
 The arithmetic is torch's own (``torch.optim._muon``: the Newton-Schulz iteration in bfloat16 and
 the learning-rate adjustment by shape); the state (``momentum_buffer``) is torch's, so the
@@ -41,24 +43,43 @@ def orthogonalize(update: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
 
 
 def orthogonalize_all(updates: list[tuple[torch.Tensor, dict[str, Any]]]) -> list[torch.Tensor]:
-    """``orthogonalize`` of each ``(update, group)``, the same numbers. Matrices split by rows
-    over a one-dimensional mesh (FSDP; column-wise tensor parallel) are shared out: in turn each
-    rank of the mesh receives the rows of one matrix (an all-to-all), orthogonalizes it, and
-    sends each rank its rows back (a second all-to-all), so a mesh of W ranks does each
-    Newton-Schulz once rather than W times, for the same traffic as gathering every matrix."""
-    out: list[torch.Tensor | None] = [None] * len(updates)
-    queues: dict[tuple, list[int]] = {}  # (mesh, dtype) -> the indices it shares out, in order
-    for i, (update, group) in enumerate(updates):
-        if _rows_split_on_one_dim(update):
-            queues.setdefault((update.device_mesh, update.dtype), []).append(i)
-        else:
-            out[i] = orthogonalize(update, group)
-    for (mesh, _), indices in queues.items():
-        for start in range(0, len(indices), mesh.size()):
-            turn = indices[start : start + mesh.size()]
-            for i, ortho in zip(turn, _shared_out([updates[i] for i in turn], mesh)):
-                out[i] = ortho
-    return out  # type: ignore[return-value]
+    """``orthogonalize`` of each ``(update, group)``, the same numbers, turn by turn
+    (``turns``)."""
+    out: list[torch.Tensor] = [torch.empty(0)] * len(updates)
+    for turn in turns([u for u, _ in updates]):
+        for i, ortho in zip(turn, orthogonalize_turn([updates[i] for i in turn])):
+            out[i] = ortho
+    return out
+
+
+def turns(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """The indices of ``tensors`` grouped as they are orthogonalized. Matrices split by rows over
+    a one-dimensional mesh (FSDP; column-wise tensor parallel) are shared out: a turn holds up to
+    W of them (W the mesh's ranks, one dtype), and in it each rank receives the rows of one
+    matrix (an all-to-all), orthogonalizes it, and sends every rank its rows back (a second
+    all-to-all). A mesh of W ranks so does each Newton-Schulz once rather than W times, for the
+    traffic of one all-gather. Any other tensor is a turn of its own. Every rank of a mesh must
+    list the same tensors in the same order (an optimizer's parameters are)."""
+    out: list[list[int]] = []
+    filling: dict[tuple, list[int]] = {}  # (mesh, dtype) -> its turn being filled
+    for i, t in enumerate(tensors):
+        if not _rows_split_on_one_dim(t):
+            out.append([i])
+            continue
+        turn = filling.get((t.device_mesh, t.dtype))
+        if turn is None or len(turn) == t.device_mesh.size():
+            turn = filling[(t.device_mesh, t.dtype)] = []
+            out.append(turn)
+        turn.append(i)
+    return out
+
+
+def orthogonalize_turn(turn: list[tuple[torch.Tensor, dict[str, Any]]]) -> list[torch.Tensor]:
+    """The orthogonalized updates of one of ``turns``."""
+    first = turn[0][0]
+    if _rows_split_on_one_dim(first):
+        return _shared_out(turn, first.device_mesh)
+    return [orthogonalize(update, group) for update, group in turn]
 
 
 def _rows_split_on_one_dim(update: torch.Tensor) -> bool:
@@ -162,22 +183,28 @@ class DistributedMuon(torch.optim.Optimizer):
         if self.state_dtype is not None:
             keep_state_dtype(self, ("momentum_buffer",), self.state_dtype)
 
+    def _momentum(self, group: dict[str, Any], p: torch.Tensor, state: dict) -> torch.Tensor:
+        """The momentum buffer moved by this step's gradient; the update to orthogonalize."""
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p.grad, dtype=self.state_dtype)
+        buf, momentum = state["momentum_buffer"], group["momentum"]
+        work = buf if buf.dtype == p.grad.dtype else buf.to(p.grad.dtype)  # bf16 state
+        work.lerp_(p.grad, 1 - momentum)
+        update = p.grad.lerp(work, momentum) if group["nesterov"] else work
+        if work is not buf:
+            buf.copy_(work)
+        return update
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = closure_loss(closure)
-        todo = []  # (group, parameter, update): every momentum first, then the orthogonalizations
-        for group, p, state in with_grads(self):
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p.grad, dtype=self.state_dtype)
-            buf, momentum = state["momentum_buffer"], group["momentum"]
-            work = buf if buf.dtype == p.grad.dtype else buf.to(p.grad.dtype)  # bf16 state
-            work.lerp_(p.grad, 1 - momentum)
-            todo.append((group, p, p.grad.lerp(work, momentum) if group["nesterov"] else work))
-            if work is not buf:
-                buf.copy_(work)
-        orthos = orthogonalize_all([(update, group) for group, _, update in todo])
-        for (group, p, _), ortho in zip(todo, orthos):
-            lr = group["lr"]
-            p.mul_(1 - lr * group["weight_decay"])
-            p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape[-2:]))
+        params = list(with_grads(self))
+        # turn by turn (``turns``): one turn's updates and results are alive at a time
+        for turn in turns([p.grad for _, p, _ in params]):
+            batch = [params[i] for i in turn]
+            updates = [(self._momentum(group, p, state), group) for group, p, state in batch]
+            for (group, p, _), ortho in zip(batch, orthogonalize_turn(updates)):
+                lr = group["lr"]
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape[-2:]))
         return loss
