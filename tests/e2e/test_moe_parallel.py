@@ -24,6 +24,9 @@ checkpoint written under EP2 resumes under EP4.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, launch, tensorboard_scalars_all_runs
 from repo_paths import ROOT
@@ -134,7 +137,7 @@ def test_moe_layout_matches_one_process(tmp_path, baselines, layout):
 # Experts split on the expert dim (EP, and FSDP over it) are orthogonalized where they are; split
 # through the matrices (expert tensor parallel), gathered first (tests/e2e/test_muon_sharded.py).
 MUON = ["--optimizer.name", "Muon", "--optimizer.muon_lr", "0.02"]
-MUON_LAYOUTS = ["llama4_ep2_fsdp2", "llama4_ep2", "llama4_ep2_tp2", "qwen3_moe_fsdp2"]
+MUON_LAYOUTS = ["llama4_ep2", "llama4_ep2_fsdp2", "llama4_ep2_tp2", "qwen3_moe_fsdp2"]
 
 
 @pytest.fixture(scope="module")
@@ -176,22 +179,29 @@ CHECKPOINTS = [
 ]
 
 
+def _stopped_after_step_4(run: Path, copy: Path) -> None:
+    """``copy``: the run's folder as if it had stopped after step 4 (its step-4 checkpoint the
+    newest); steps 5-8 of a run resumed there replace the first run's in TensorBoard."""
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "out" / "checkpoint" / f"step-{STEPS}")
+
+
 @pytest.mark.slow
 def test_expert_parallel_resumes_exactly_and_under_another_degree(tmp_path):
-    """EP2 for 8 steps straight; EP2 for 4 steps then resumed to 8 (the same losses to 1e-6:
-    the expert bias and the sharded experts come back); EP2 for 4 steps then resumed under EP4.
+    """EP2 for 8 steps straight; its step-4 checkpoint resumed under EP2 to 8 (the same losses
+    to 1e-6: the expert bias and the sharded experts come back), and resumed under EP4.
     Under EP4 the first step after the resume, computed from the loaded state alone, must give
     the straight run's loss (measured: equal to the last bit); the later ones follow from EP4's
     own gradient sums, whose summation order differs, at the constant peak LR, where a routing
     flip compounds (measured: 5e-4, 7e-4, 1.2e-3 at steps 6-8), hence 5e-3 there."""
     straight = _run(tmp_path / "straight", "llama4", 2, [*_ep(2), *_batch(4), *CHECKPOINTS])
-    _run(tmp_path / "same", "llama4", 2, [*_ep(2), *_batch(4), *CHECKPOINTS], steps=4)
+    _stopped_after_step_4(tmp_path / "straight", tmp_path / "same")
     resumed = _run(
         tmp_path / "same", "llama4", 2, [*_ep(2), *_batch(4), *CHECKPOINTS], resumes=True
     )
     for step in range(1, STEPS + 1):
         assert abs(resumed[step] - straight[step]) <= 1e-6, (step, resumed, straight)
-    _run(tmp_path / "other", "llama4", 2, [*_ep(2), *_batch(4), *CHECKPOINTS], steps=4)
+    _stopped_after_step_4(tmp_path / "straight", tmp_path / "other")
     other = _run(tmp_path / "other", "llama4", 4, [*_ep(4), *_batch(2), *CHECKPOINTS], resumes=True)
     for step in range(1, STEPS + 1):
         bar = 1e-5 if step <= 5 else 5e-3
@@ -207,7 +217,7 @@ def test_muon_state_of_the_experts_resumes_under_another_expert_parallel_degree(
     test above)."""
     args = [*CHECKPOINTS, *MUON]
     straight = _run(tmp_path / "straight", "llama4", 2, [*_ep(2), *_batch(4), *args])
-    _run(tmp_path / "other", "llama4", 2, [*_ep(2), *_batch(4), *args], steps=4)
+    _stopped_after_step_4(tmp_path / "straight", tmp_path / "other")
     other = _run(tmp_path / "other", "llama4", 4, [*_ep(4), *_batch(2), *args], resumes=True)
     print("\nEP 2 -> EP 4 muon |diff| by step:",
           [f"{abs(other[s] - straight[s]):.1e}" for s in range(1, STEPS + 1)])  # fmt: skip

@@ -23,6 +23,7 @@ import sys
 import pytest
 from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, launch, tensorboard_scalars, train_env
 from repo_paths import HELPERS, ROOT
+from tiers import params
 
 STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
 
@@ -77,7 +78,9 @@ def baselines(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+# tp2 in the extended tier: fsdp2_tp2 runs the same TP plan (and the QK norms' gradients under
+# TP 2 are compared directly below)
+@pytest.mark.parametrize("layout", params(LAYOUTS, extended=["tp2"]))
 def test_qwen3_layout_matches_one_process(tmp_path, baselines, layout):
     ngpu, extra = LAYOUTS[layout]
     baseline = baselines(UNTIED if UNTIED[1] in extra else [])

@@ -28,7 +28,7 @@ ARGS = [
 
 @pytest.mark.slow
 def test_a_stopped_rank_leaves_stacks_and_a_timeout(tmp_path):
-    timeout_s = 20
+    timeout_s = 12
     out = tmp_path / "out"
     cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(out), *ARGS,
            "--training.steps", "500", "--comm.train_timeout_seconds", str(timeout_s),
