@@ -114,18 +114,15 @@ def _shared_out(turn: list[tuple[DTensor, dict[str, Any]]], mesh: Any) -> list[D
         result = gathered
     back = local[0].new_empty(send.shape)
     dist.all_to_all_single(back, result.contiguous(), sent, received, group=pg)
-    pieces = back.split([rows[i][me] * cols[i] for i in range(len(turn))])
-    return [
-        DTensor.from_local(
-            piece.view(local[i].shape),
-            mesh,
-            u.placements,
-            run_check=False,
-            shape=u.shape,
-            stride=u.stride(),
-        )  # fmt: skip
-        for i, (piece, (u, _)) in enumerate(zip(pieces, turn))
-    ]
+    pieces = back.split(sent[: len(turn)])
+    return [_split_like(u, piece.view(t.shape), u.placements)
+            for piece, t, (u, _) in zip(pieces, local, turn)]  # fmt: skip
+
+
+def _split_like(update: DTensor, local: torch.Tensor, placements: Any) -> DTensor:
+    """``local`` as this rank's piece of a tensor of ``update``'s global shape."""
+    return DTensor.from_local(local, update.device_mesh, placements, run_check=False,
+                              shape=update.shape, stride=update.stride())  # fmt: skip
 
 
 def _newton_schulz(matrices: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
@@ -143,9 +140,7 @@ def _orthogonalize_own_experts(update: DTensor, group: dict[str, Any]) -> DTenso
     mesh, placements = update.device_mesh, update.placements
     own = [p if isinstance(p, Shard) and p.dim == 0 else Replicate() for p in placements]
     mine = update.redistribute(mesh, own).to_local()
-    ortho = _newton_schulz(mine, group).to(update.dtype)
-    ortho = DTensor.from_local(ortho, mesh, own, run_check=False, shape=update.shape,
-                               stride=update.stride())  # fmt: skip
+    ortho = _split_like(update, _newton_schulz(mine, group).to(update.dtype), own)
     return ortho.redistribute(mesh, placements)
 
 
