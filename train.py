@@ -137,7 +137,8 @@ class Loop:
         """Mixture-of-experts load balancing and its metrics (empty for a dense model)."""
         moe = self.job_config.moe
         return ExpertLoad(self.parts, self.rt.plan.model_args.n_layers, tp=self.rt.dims.tp,
-                          coeff=moe.load_balance_coeff, aux_coeff=moe.aux_loss_coeff)  # fmt: skip
+                          coeff=moe.load_balance_coeff, aux_coeff=moe.aux_loss_coeff,
+                          device=self.rt.device)  # fmt: skip
 
     def hang_watchdog(self) -> HangWatchdog:
         r = self.job_config.resilience

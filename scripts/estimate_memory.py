@@ -344,7 +344,7 @@ def _autocast(plan, dtype):
 
     import torch
 
-    if dtype != torch.float32 and not plan.dims.fsdp_enabled:
+    if dtype != torch.float32 and not plan.dims.uses_fully_shard:
         return torch.autocast("cpu", dtype=dtype)
     return contextlib.nullcontext()
 

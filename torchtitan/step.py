@@ -31,7 +31,7 @@ from torchtitan.distributed.utils import device_type, full_tensor
 def autocast_for(job_config: JobConfig, dims: ParallelDims) -> contextlib.AbstractContextManager:
     """Without FSDP (whose policy casts parameters), mixed precision on GPU comes from autocast."""
     dtype = param_dtype(job_config, device_type)
-    if device_type == "cuda" and dtype != torch.float32 and not dims.fsdp_enabled:
+    if device_type == "cuda" and dtype != torch.float32 and not dims.uses_fully_shard:
         return torch.autocast("cuda", dtype=dtype)
     return contextlib.nullcontext()
 

@@ -146,11 +146,6 @@ _KEY = "parallelism.pipeline_parallel_"
             "into 5 micro-batches, but the Interleaved1F1B schedule needs a count of at most",
         ),
         (
-            [],
-            {"dp_replicate": 2},
-            "parallelism.data_parallel_replicate_degree: 2 (DDP) does not work with pipeline",
-        ),
-        (
             [f"--{_KEY}schedule", "InterleavedZeroBubble", "--compile.enable"],
             {},
             "InterleavedZeroBubble splits backward into input and weight parts, which "

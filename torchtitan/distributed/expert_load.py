@@ -52,14 +52,30 @@ class ExpertLoad:
     tensor-parallel degree (its ranks count the same tokens)."""
 
     def __init__(
-        self, parts: list[nn.Module], n_layers: int, *, coeff: float, aux_coeff: float, tp: int
+        self,
+        parts: list[nn.Module],
+        n_layers: int,
+        *,
+        coeff: float,
+        aux_coeff: float,
+        tp: int,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.layers = moe_layers(parts)
         self.n_layers, self.coeff, self.aux_coeff, self.tp = n_layers, coeff, aux_coeff, tp
-        self.n_experts = next(iter(self.layers.values())).num_experts if self.layers else 0
+        self.device = device
+        n_experts = next(iter(self.layers.values())).num_experts if self.layers else 0
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # A pipeline stage may hold no MoE layer (the last one: norm and output alone); it
+            # still joins every step's sums, or its peers would wait for it forever.
+            found = torch.tensor([n_experts], device=device)
+            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+            n_experts = int(found)
+        self.n_experts = n_experts
 
     def __bool__(self) -> bool:
-        return bool(self.layers)
+        """Whether the model has MoE layers (on any rank: every rank joins the sums)."""
+        return self.n_experts > 0
 
     def begin_step(self, n_sequences: int) -> None:
         """Zero the counters; each sequence's auxiliary loss weighs ``aux_coeff / n_sequences``."""
@@ -71,8 +87,7 @@ class ExpertLoad:
     @torch.no_grad()
     def end_step(self) -> None:
         """Sum the step's counts over the ranks and update the biases (every rank, every step)."""
-        device = next(iter(self.layers.values())).expert_bias.device
-        table = torch.zeros(self.n_layers, self.n_experts + 2, device=device)
+        table = torch.zeros(self.n_layers, self.n_experts + 2, device=self.device)
         for i, layer in self.layers.items():
             table[i, :-2] = layer.tokens_per_expert
             table[i, -2:] = layer.aux_loss_sum

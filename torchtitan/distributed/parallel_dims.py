@@ -156,7 +156,7 @@ class ParallelDims:
                 ("cp", self.cp),
                 ("tp", self.tp),
             )
-            if d > 1
+            if d > 1 or (n == "dp_shard" and self.replicates_through_fsdp)
         ]
         if not dims:
             dims = [("dp_shard", 1)]
@@ -275,8 +275,26 @@ class ParallelDims:
         return self.dp_shard > 1 or self.cp > 1
 
     @property
+    def replicates_through_fsdp(self) -> bool:
+        """Data parallel by replication alone (``dp_replicate`` > 1, no FSDP) beside tensor or
+        pipeline parallel: torch's DDP reducer neither sums DTensor gradients (under TP it left
+        every gradient at zero) nor runs once per pipeline micro-batch, so the replicas go
+        through FSDP2 as HSDP with one shard rank: whole parameters on every rank, as DDP keeps
+        them, and gradients averaged over the replicas."""
+        return self.dp_replicate > 1 and not self.fsdp_enabled and (self.tp > 1 or self.pp > 1)
+
+    @property
+    def uses_fully_shard(self) -> bool:
+        """Whether FSDP2's ``fully_shard`` wraps the model (FSDP, HSDP, or replicas beside TP/PP):
+        its mixed-precision policy then casts the parameters."""
+        return self.fsdp_enabled or self.replicates_through_fsdp
+
+    @property
     def fsdp_mesh(self) -> DeviceMesh:
-        """FSDP's mesh: the shard dim, with ``dp_replicate`` in front for HSDP."""
+        """FSDP's mesh: the shard dim, with ``dp_replicate`` in front for HSDP (a shard dim of
+        one rank when the replicas go through FSDP2; see ``replicates_through_fsdp``)."""
+        if self.replicates_through_fsdp:
+            return self.mesh[("dp_replicate", "dp_shard")]
         shard = self._submesh(("dp_shard", "cp"))
         if not self.dp_replicate_enabled:
             return shard

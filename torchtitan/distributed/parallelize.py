@@ -6,7 +6,8 @@ norms, torchao's float8 styles for float8 linears and, unless
 ``parallelism.disable_loss_parallel``, a vocab-parallel loss) -> context parallel (attention over
 the sequence split across ranks) -> activation checkpointing -> ``torch.compile`` per block ->
 FSDP2 ``fully_shard`` per block and at the root (over ``dp_shard x cp``; HSDP over a 2-D mesh when
-``dp_replicate`` is also > 1), or composable DDP when only ``dp_replicate > 1``. Model code is
+``dp_replicate`` is also > 1), or, when only ``dp_replicate > 1``, composable DDP alone and
+FSDP2 with one shard rank beside TP or PP (``ParallelDims.replicates_through_fsdp``). Model code is
 never edited: only modules are wrapped or sharded.
 
 A family's train spec uses ``functools.partial(parallelize_decoder, block_plan=its_block_plan)``.
@@ -80,9 +81,11 @@ def parallelize_decoder(
             # the expert-parallel all-to-alls need host splits: graph breaks around them
             block.compile(fullgraph=dims.ep == 1 or getattr(block, "moe", None) is None)
         logger.info("Compiled each transformer block with torch.compile")
-    if dims.fsdp_enabled:
+    if dims.uses_fully_shard:
         reshard = job_config.parallelism.fsdp_reshard_after_forward
-        if reshard == "default" and dims.pp > 1:
+        if dims.replicates_through_fsdp:
+            reshard = "never"  # one shard rank: the parameters are whole; nothing to free
+        elif reshard == "default" and dims.pp > 1:
             # A pipeline stage runs forward once per micro-batch: keep its parameters gathered
             # rather than all-gather them again for every micro-batch.
             reshard = "never"
@@ -95,7 +98,13 @@ def parallelize_decoder(
             experts_mesh=dims.expert_fsdp_mesh if dims.ep > 1 else None,
             experts_divide_factor=dims.dp_replicate * dims.dp_shard * dims.cp,
         )
-        logger.info(f"Applied {'HSDP' if dims.dp_replicate_enabled else 'FSDP'} to the model")
+        if dims.replicates_through_fsdp:
+            logger.info(
+                f"Applied DDP (dp_replicate={dims.dp_replicate}) through FSDP2: HSDP with one "
+                "shard rank, whole parameters on every rank"
+            )
+        else:
+            logger.info(f"Applied {'HSDP' if dims.dp_replicate_enabled else 'FSDP'} to the model")
     elif dims.dp_replicate_enabled:
         apply_ddp(model, dims.sub("dp_replicate"))
         logger.info("Applied DDP to the model")

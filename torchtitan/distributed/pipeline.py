@@ -195,13 +195,6 @@ def _check_microbatches(schedule: str, local_batch: int, mbs: int, num_stages: i
 
 def _check_composes(job_config: Any, schedule: str, dims: Any) -> None:
     """Combinations with the other features that cannot work (one-line errors)."""
-    if dims.dp_replicate > 1 and not dims.fsdp_enabled:
-        raise ConfigError(
-            f"parallelism.data_parallel_replicate_degree: {dims.dp_replicate} (DDP) does not "
-            f"work with pipeline parallelism (its gradient hooks expect one backward per "
-            f"forward, not interleaved micro-batches); use "
-            f"parallelism.data_parallel_shard_degree (FSDP) instead"
-        )
     if schedule not in ZERO_BUBBLE:
         return
     if job_config.compile.enable:  # compiled blocks fail; a compiled loss alone is untested
