@@ -126,12 +126,20 @@ show_launch
 TORCHTITAN_ERROR_FILE="$(mktemp "${TMPDIR:-/tmp}/torchtitan-error.XXXXXX")"
 export TORCHTITAN_ERROR_FILE
 trap 'rm -f "$TORCHTITAN_ERROR_FILE"' EXIT
+# torchrun's own notes of a shutdown (a signal it passed on, a worker that exited non-zero): the
+# launcher says what happened in one line at the end.
+torchrun_note='^[EWI][0-9]{4} [0-9:.]+ [0-9]+ [^ ]+\] (Received [0-9]+ death signal|Sending process [0-9]+ closing signal|failed \(exitcode: )'
 hide_report_after_user_error() {
   local line hiding=0
   while IFS= read -r line; do
     if [ "$hiding" = 0 ] && [ -s "$TORCHTITAN_ERROR_FILE" ] &&
        [ "$line" = "Traceback (most recent call last):" ]; then
       hiding=1
+    fi
+    # a failed worker's note stays unless that worker said what went wrong in one line
+    if [[ "$line" =~ $torchrun_note ]] &&
+       { [[ "$line" != *"failed (exitcode"* ]] || [ -s "$TORCHTITAN_ERROR_FILE" ]; }; then
+      continue
     fi
     [ "$hiding" = 1 ] || printf '%s\n' "$line"
   done
@@ -143,35 +151,72 @@ hide_report_after_user_error() {
 export PET_SIGNALS_TO_HANDLE=${PET_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2}
 export TORCHELASTIC_SIGNALS_TO_HANDLE=$PET_SIGNALS_TO_HANDLE
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-300}
+# Ctrl-C: torchrun runs in a session of its own (as it starts each worker), so a terminal's Ctrl-C
+# reaches this script alone. The first is passed on once: torchrun gives SIGINT to every worker,
+# they save at the next agreed step and exit with code 130. A second one ends them all at once.
+# shellcheck disable=SC2329  # called from the INT trap
+children_of() {  # the process ids whose parent is $1
+  local parent=$1 stat rest ppid pid
+  if command -v pgrep >/dev/null 2>&1; then pgrep -P "$parent"; return 0; fi
+  for stat in /proc/[0-9]*/stat; do
+    read -r rest <"$stat" 2>/dev/null || continue
+    rest=${rest##*) }  # the fields after the command name (which may hold spaces)
+    read -r _ ppid _ <<<"$rest"
+    pid=${stat#/proc/}
+    [ "$ppid" != "$parent" ] || echo "${pid%/stat}"
+  done
+}
+interrupts=0
+# shellcheck disable=SC2329  # the INT trap
+on_ctrl_c() {
+  signaled=1
+  interrupts=$((interrupts + 1))
+  if [ "$interrupts" = 1 ]; then
+    kill -s INT "$trainer" 2>/dev/null
+    return
+  fi
+  local worker
+  for worker in $(children_of "$trainer"); do
+    kill -s KILL -- "-$worker" 2>/dev/null  # each worker leads a session of its own
+  done
+  kill -s KILL -- "-$trainer" 2>/dev/null
+  printf '130\tstopped by a second Ctrl-C: nothing more saved (the newest complete checkpoint, if any, stays)\n' >"$TORCHTITAN_ERROR_FILE"
+}
 set +e
-exec {filter}> >(trap '' TERM USR1 USR2 HUP; hide_report_after_user_error >&2)
+exec {filter}> >(trap '' INT TERM USR1 USR2 HUP; hide_report_after_user_error >&2)
 filter_pid=$!
-"${cmd[@]}" 2>&"$filter" &
+"$PYTHON" -c 'import os, sys
+try:
+    os.setsid()
+except OSError:
+    pass
+os.execvp(sys.argv[1], sys.argv[1:])' "${cmd[@]}" 2>&"$filter" &
 trainer=$!
 signaled=0
 for sig in TERM USR1 USR2 HUP; do
   # shellcheck disable=SC2064  # $sig is meant to be expanded now
   trap "signaled=1; kill -s $sig $trainer 2>/dev/null" "$sig"
 done
+trap on_ctrl_c INT
 while :; do
   signaled=0
-  wait "$trainer"
+  wait "$trainer" 2>/dev/null  # not the shell's note of a worker killed by a second Ctrl-C
   rc=$?
   [ "$signaled" = 1 ] || break  # wait was cut short by a signal: the trainer may still run
 done
-trap - TERM USR1 USR2 HUP
+trap - TERM USR1 USR2 HUP INT
 exec {filter}>&-
 wait "$filter_pid" 2>/dev/null
 set -e
 if [ -s "$TORCHTITAN_ERROR_FILE" ]; then
   # the first rank's lines (one per problem), each once; after a collective timeout (code 4)
   # every rank's line: together they say who waited where
-  # code 160 (preempted, saved) is not an error: the first rank's line as it is
+  # codes 160 (preempted, saved) and 130 (Ctrl-C) are not errors: the first rank's line as it is
   code=$(head -n 1 "$TORCHTITAN_ERROR_FILE" | cut -f 1)
   prefix=$(head -n 1 "$TORCHTITAN_ERROR_FILE" | cut -f 2- | grep -o '^rank [0-9]*: ' || true)
   [ "$code" != 4 ] || prefix=""
   label="error: "
-  [ "$code" != 160 ] || label=""
+  [ "$code" != 160 ] && [ "$code" != 130 ] || label=""
   cut -f 2- "$TORCHTITAN_ERROR_FILE" |
     awk -v p="$prefix" -v l="$label" 'substr($0, 1, length(p)) == p && !seen[$0]++ { print l $0 }' >&2
   exit "$code"

@@ -27,7 +27,7 @@ from torchtitan.errors import TorchTitanError, another_rank_reported, report_use
 from torchtitan.guards import LossSpikeGuard, stop_if_diverged
 from torchtitan.log import add_log_file, init_logger, logger
 from torchtitan.metrics import MetricsProcessor, build_sinks, mean_over
-from torchtitan.preemption import Preempted, Preemption
+from torchtitan.preemption import Interrupted, Preempted, Preemption
 from torchtitan.profiling import profiled_steps
 from torchtitan.step import StepRunner
 from torchtitan.stragglers import StragglerReport
@@ -225,10 +225,13 @@ class Loop:
         return self.spike_guard.skips(step, self.mean_loss(step, loss), position, self.checkpointer)
 
     def stop_if_preempted(self, step: int) -> None:
-        """After a stop signal reached any rank, every rank saves this step and exits (code 160)."""
+        """After a stop signal or Ctrl-C reached any rank, every rank saves this step and exits
+        (code 160 for a preemption, 130 for Ctrl-C)."""
         if (sig := self.preemption.agreed()) is None:
             return
-        logger.warning(f"{sig.name} received: saving step {step} before stopping")
+        ctrl_c = self.preemption.is_ctrl_c(sig)
+        what = "Ctrl-C (again: stop at once, without saving)" if ctrl_c else sig.name
+        logger.warning(f"{what} received: saving step {step} before stopping")
         path = self.checkpointer.save_before_exit(step)
         if path:
             saved = f"saved to {path}"
@@ -236,8 +239,12 @@ class Loop:
             saved = "its save failed (see the log), the newest complete checkpoint stays"
         else:
             saved = "nothing saved (checkpoint.enable is false)"
-        raise Preempted(f"preempted by {sig.name} after step {step}: {saved}; start the job "
-                        "again to resume")  # fmt: skip
+        if ctrl_c:
+            resume = "; run the same command to resume" if path else ""
+            raise Interrupted(f"stopped by Ctrl-C after step {step}: {saved}{resume}")
+        raise Preempted(
+            f"preempted by {sig.name} after step {step}: {saved}; start the job again to resume"
+        )
 
     def step(self, data_iter: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward over the accumulation steps: (summed loss, clipped grad norm).
@@ -290,7 +297,7 @@ class Loop:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        print(help_text())
+        print_help()
         return 0
     init_logger()
     try:
@@ -303,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
             # Leave together: a rank that tears down its gloo connections while a peer is still
             # finishing can make that peer abort (SIGABRT) after a successful run.
             dist.barrier()
+    except KeyboardInterrupt:  # Ctrl-C before the listener is up (start-up) or after the loop
+        report_user_error(Interrupted("stopped by Ctrl-C before or after training: nothing saved"))
+        return Interrupted.exit_code
     except TorchTitanError as e:
         report_user_error(e)
         return e.exit_code
@@ -317,6 +327,15 @@ def main(argv: list[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def print_help() -> None:
+    """Every key with its help; a reader that stops early (``| head``) is not an error."""
+    try:
+        print(help_text(), flush=True)
+    except BrokenPipeError:
+        # Python would report the pipe again when it flushes stdout at exit: point it elsewhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -487,7 +487,8 @@ class Resilience:
     preemption_signals: list[str] = opt(
         ["SIGTERM", "SIGUSR1"],
         "Signals after which every rank saves a checkpoint at the next step boundary and exits "
-        "with code 160 (preempted; start again to resume); [] = default signal handling",
+        "with code 160 (preempted; start again to resume); [] = default signal handling. "
+        "Ctrl-C (SIGINT) unless listed here stops the same way with code 130",
         choices=("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP"),
     )
     straggler_threshold: float = opt(

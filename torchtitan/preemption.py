@@ -11,6 +11,11 @@ result at the next boundary, by when it has long arrived. A step never waits for
 costs nothing when no signal came; a signal is acted on at the second boundary after it at most.
 Then every rank writes a synchronous checkpoint of that step and exits with ``PREEMPTED_EXIT_CODE``,
 and the next start resumes from it exactly.
+
+Ctrl-C (SIGINT) is always listened to the same way, unless ``preemption_signals`` names it: a
+person stopped the run, so it ends with ``INTERRUPTED_EXIT_CODE`` (130, the shell's code for
+Ctrl-C), which Slurm's requeue and Kubeflow's ``restartPolicy: ExitCode`` do not take for a
+preemption. A second Ctrl-C stops at once, without saving (:class:`Interrupted`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch.distributed as dist
 from torchtitan.errors import TorchTitanError
 
 PREEMPTED_EXIT_CODE = 160
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a Ctrl-C
 
 
 class Preempted(TorchTitanError):
@@ -39,6 +45,14 @@ class Preempted(TorchTitanError):
     names_rank = False  # every rank stops after the same step with the same line
 
 
+class Interrupted(TorchTitanError):
+    """Ctrl-C: the run stopped (after saving the step, on the first one). One line, no traceback."""
+
+    exit_code = INTERRUPTED_EXIT_CODE
+    prefix = ""
+    names_rank = False
+
+
 class Preemption:
     """Listens from construction on (the handlers are installed in the main thread only), so
     that a signal during start-up is not lost; leaving its ``with`` block puts the previous
@@ -48,14 +62,15 @@ class Preemption:
         self.signals = [signal.Signals[name] for name in signal_names]
         self.received: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
+        listened = [*self.signals, *([] if signal.SIGINT in self.signals else [signal.SIGINT])]
         several = dist.is_initialized() and dist.get_world_size() > 1
         # a group of its own: its all-reduce runs beside the training group's collectives, never
         # between them (every rank creates it at the same point of start-up)
-        self._group = dist.new_group(backend="gloo") if several and self.signals else None
+        self._group = dist.new_group(backend="gloo") if several else None
         self._flag = torch.zeros(1, dtype=torch.int32)
         self._work: Any = None
         if threading.current_thread() is threading.main_thread():
-            for sig in self.signals:
+            for sig in listened:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def __enter__(self) -> Preemption:
@@ -69,10 +84,20 @@ class Preemption:
             self._work.wait()  # every rank started it at the last boundary: it completes
         self._work = None
 
+    def is_ctrl_c(self, sig: signal.Signals) -> bool:
+        """Whether stopping on ``sig`` is a person's Ctrl-C (exit 130) rather than a preemption."""
+        return sig == signal.SIGINT and sig not in self.signals
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # only a flag: the handler runs between two bytecodes of whatever the main thread does
+        sig = signal.Signals(signum)
         if self.received is None:
-            self.received = signal.Signals(signum)
+            self.received = sig
+        elif self.is_ctrl_c(sig) and self.is_ctrl_c(self.received):
+            raise Interrupted(
+                "stopped by a second Ctrl-C: nothing more saved (the newest complete "
+                "checkpoint, if any, stays)"
+            )
 
     def agreed(self) -> signal.Signals | None:
         """The signal every rank agrees to stop on at this boundary, or None to train on."""

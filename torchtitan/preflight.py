@@ -19,6 +19,13 @@ from torchtitan.train_spec import get_train_spec
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the launcher checks: stop quietly, as a shell does
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         world_size, device_type, argv = _own_options(argv)

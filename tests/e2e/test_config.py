@@ -28,6 +28,20 @@ def test_train_py_help_lists_every_key():
             assert f"--{section}.{key} " in out.stdout, f"{section}.{key} missing from --help"
 
 
+def test_help_read_in_part_ends_quietly():
+    """``python train.py --help | head``: the reader closes the pipe; no BrokenPipeError."""
+    train = subprocess.Popen(
+        [sys.executable, "train.py", "--help"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
+    )
+    train.stdout.close()  # the reader is gone before the help is written (head took its lines)
+    _, err = train.communicate(timeout=120)
+    assert train.returncode == 0 and err == b"", err.decode()[-2000:]
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [

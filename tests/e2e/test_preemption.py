@@ -36,52 +36,80 @@ ARGS = [
 ]  # fmt: skip
 
 
-def _signal_mid_run(tmp_path: Path, sig: signal.Signals, to_rank: int | None) -> tuple[int, str]:
-    """Start the 2-process run, send ``sig`` after step 5 to the launcher (``to_rank`` None) or
-    to that rank's worker alone; (exit code, output)."""
+def _signal_mid_run(
+    tmp_path: Path, sig: signal.Signals, to_rank: int | None, after: int = 5, times: int = 1
+) -> tuple[int, str, list[int]]:
+    """Start the 2-process run, send ``sig`` after step ``after`` to the launcher's process
+    group (as a terminal's Ctrl-C and a kill of the launcher reach it; ``to_rank`` None) or to
+    that rank's worker alone, ``times`` times 0.2 s apart; (exit code, output, worker pids)."""
     out = tmp_path / "out"
     proc = start(tmp_path, *ARGS, ngpu=2)
     pids: list[int] = []
     try:
         deadline = time.time() + 300
-        while last_logged_step(out / "logs" / "rank_0.log") < 5 and time.time() < deadline:
+        while last_logged_step(out / "logs" / "rank_0.log") < after and time.time() < deadline:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.05)
         ranks = worker_pids(str(out))
         pids = list(ranks.values())
         assert sorted(ranks) == [0, 1], ranks
-        os.kill(proc.pid if to_rank is None else ranks[to_rank], sig)
+        for i in range(times):
+            time.sleep(0.2 * (i > 0))
+            if to_rank is None:
+                os.killpg(proc.pid, sig)  # start() gave the launcher a session of its own
+            else:
+                os.kill(ranks[to_rank], sig)
         output, _ = proc.communicate(timeout=300)
     finally:
         kill_all([proc], pids)
-    return proc.returncode, output
+    return proc.returncode, output, pids
 
 
 def _saved_step(output: str, sig: signal.Signals, out: Path) -> int:
-    """The step of the one ``preempted`` line, checked against the checkpoint folder."""
-    lines = [ln for ln in output.splitlines() if "preempted by" in ln]
+    """The step of the one ``preempted`` (or ``stopped by Ctrl-C``) line, checked against the
+    checkpoint folder."""
+    ctrl_c = sig == signal.SIGINT
+    start, resume = (
+        ("stopped by Ctrl-C", "run the same command to resume")
+        if ctrl_c
+        else (f"preempted by {sig.name}", "start the job again to resume")
+    )
+    lines = [ln for ln in output.splitlines() if start in ln]
     assert len(lines) == 1, output[-3000:]
     line = lines[0]
-    assert line.startswith(f"preempted by {sig.name} after step "), line
+    assert line.startswith(f"{start} after step "), line
     step = int(line.split("after step ")[1].split(":")[0])
     path = out / "checkpoint" / f"step-{step}"
-    assert line.endswith(f"saved to {path}; start the job again to resume"), line
+    assert line.endswith(f"saved to {path}; {resume}"), line
     assert read_marker(str(path))["step"] == step and not read_marker(str(path))["model_only"]
     assert not [ln for ln in output.splitlines() if ln.startswith("error:")], output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     return step
 
 
-@pytest.mark.slow
-def test_sigterm_to_the_launcher_saves_and_the_resumed_job_matches_an_unbroken_one(tmp_path):
-    unbroken = launch(tmp_path / "unbroken", *ARGS, ngpu=2)
-    assert unbroken.returncode == 0, unbroken.stderr[-3000:]
-    expected = tensorboard_scalars(tmp_path / "unbroken" / "out")
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory) -> dict[int, float]:
+    """The losses of the 2-process run, start to end."""
+    tmp = tmp_path_factory.mktemp("unbroken")
+    run = launch(tmp, *ARGS, ngpu=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return tensorboard_scalars(tmp / "out")
 
-    rc, output = _signal_mid_run(tmp_path, signal.SIGTERM, to_rank=None)
-    assert rc == 160, output[-3000:]
-    step = _saved_step(output, signal.SIGTERM, tmp_path / "out")
-    assert 5 <= step < STEPS, step
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sig, code, after",
+    [(signal.SIGTERM, 160, 5), (signal.SIGINT, 130, 4)],  # a cluster's stop; a terminal's Ctrl-C
+    ids=["sigterm", "ctrl_c"],
+)
+def test_a_stop_signal_saves_and_the_resumed_job_matches_an_unbroken_one(
+    tmp_path, unbroken, sig, code, after
+):
+    expected = unbroken
+    rc, output, _ = _signal_mid_run(tmp_path, sig, to_rank=None, after=after)
+    assert rc == code, output[-3000:]
+    step = _saved_step(output, sig, tmp_path / "out")
+    assert after <= step < STEPS, step
 
     again = launch(tmp_path, *ARGS, ngpu=2)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -95,8 +123,24 @@ def test_sigterm_to_the_launcher_saves_and_the_resumed_job_matches_an_unbroken_o
 
 
 @pytest.mark.slow
+def test_a_second_ctrl_c_stops_every_process_at_once_without_a_traceback(tmp_path):
+    t0 = time.time()
+    rc, output, pids = _signal_mid_run(tmp_path, signal.SIGINT, to_rank=None, after=2, times=2)
+    assert rc == 130, output[-3000:]
+    assert time.time() - t0 < 120, "a second Ctrl-C should not wait for the next step or a save"
+    line = "stopped by a second Ctrl-C: nothing more saved (the newest complete checkpoint, if any, stays)"
+    lines = [ln for ln in output.splitlines() if "Ctrl-C" in ln and "INFO" not in ln]
+    assert lines == [line], output[-3000:]
+    assert "Traceback" not in output and "Killed" not in output, output[-3000:]
+    deadline = time.time() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "workers left running"
+
+
+@pytest.mark.slow
 def test_a_signal_to_one_worker_stops_every_rank_after_the_same_step(tmp_path):
-    rc, output = _signal_mid_run(tmp_path, signal.SIGUSR1, to_rank=1)
+    rc, output, _ = _signal_mid_run(tmp_path, signal.SIGUSR1, to_rank=1)
     assert rc == 160, output[-3000:]
     step = _saved_step(output, signal.SIGUSR1, tmp_path / "out")
     for rank in (0, 1):  # rank 0 got no signal: it learned of rank 1's at a step boundary

@@ -10,7 +10,13 @@ import pytest
 
 from torchtitan.config_manager import parse_args
 from torchtitan.errors import ConfigError
-from torchtitan.preemption import PREEMPTED_EXIT_CODE, Preempted, Preemption
+from torchtitan.preemption import (
+    INTERRUPTED_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    Interrupted,
+    Preempted,
+    Preemption,
+)
 
 
 def test_a_signal_is_reported_at_the_boundary_and_the_old_handler_returns():
@@ -41,3 +47,26 @@ def test_the_exit_code_is_apart_from_signal_deaths_and_kubeflows_permanent_error
 def test_an_unknown_signal_name_is_a_config_error():
     with pytest.raises(ConfigError, match="resilience.preemption_signals: 'SIGKILL' is not one"):
         parse_args(["--resilience.preemption_signals", "SIGKILL"])
+
+
+def test_ctrl_c_is_a_stop_at_the_boundary_and_a_second_one_stops_at_once():
+    before = signal.getsignal(signal.SIGINT)
+    with Preemption([]) as preemption:  # no preemption signals: Ctrl-C is still listened to
+        os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt by default
+        sig = preemption.agreed()
+        assert sig is signal.SIGINT and preemption.is_ctrl_c(sig)
+        with pytest.raises(Interrupted, match="stopped by a second Ctrl-C"):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100):  # the handler runs at the next bytecode boundary
+                pass
+    assert signal.getsignal(signal.SIGINT) is before
+    assert Interrupted("x").exit_code == INTERRUPTED_EXIT_CODE == 128 + signal.SIGINT
+
+
+def test_sigint_named_as_a_preemption_signal_is_a_preemption():
+    with Preemption(["SIGINT"]) as preemption:
+        os.kill(os.getpid(), signal.SIGINT)
+        sig = preemption.agreed()
+        assert sig is signal.SIGINT and not preemption.is_ctrl_c(sig)
+        os.kill(os.getpid(), signal.SIGINT)  # a second one is no different
+        assert preemption.agreed() is signal.SIGINT
