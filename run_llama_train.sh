@@ -128,7 +128,7 @@ export TORCHTITAN_ERROR_FILE
 trap 'rm -f "$TORCHTITAN_ERROR_FILE"' EXIT
 # torchrun's own notes of a shutdown (a signal it passed on, a worker that exited non-zero): the
 # launcher says what happened in one line at the end.
-torchrun_note='^[EWI][0-9]{4} [0-9:.]+ [0-9]+ [^ ]+\] (Received [0-9]+ death signal|Sending process [0-9]+ closing signal|failed \(exitcode: )'
+torchrun_note='^[EWI][0-9]{4} [0-9:.]+ [0-9]+ [^ ]+\] (Received [0-9]+ death signal|Sending process [0-9]+ closing signal|Unable to shutdown process|failed \(exitcode: )'
 hide_report_after_user_error() {
   local line hiding=0
   while IFS= read -r line; do

@@ -142,8 +142,14 @@ class Loop:
 
     def hang_watchdog(self) -> HangWatchdog:
         r = self.job_config.resilience
-        return HangWatchdog(self.job_config.job.dump_folder, self.rt.rank,
-                            factor=r.hang_watchdog_factor, floor_s=r.hang_watchdog_floor_seconds)  # fmt: skip
+        comm = self.job_config.comm
+        return HangWatchdog(
+            self.job_config.job.dump_folder,
+            self.rt.rank,
+            factor=r.hang_watchdog_factor,
+            floor_s=r.hang_watchdog_floor_seconds,
+            timeouts_s=(comm.init_timeout_seconds, comm.train_timeout_seconds),
+        )
 
     @cached_property
     def stragglers(self) -> StragglerReport:
@@ -319,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if another_rank_reported():
             return 1  # a peer stopped on a user error; our broken collective is only a consequence
-        if (timeout := dist_utils.collective_timeout(e)) is not None:
+        if (timeout := dist_utils.collective_timeout(e, stacks=HangWatchdog.written)) is not None:
             report_user_error(timeout)  # every waiting rank: one line each
             return timeout.exit_code
         raise

@@ -10,7 +10,12 @@ interrupted: if the step completes, training goes on (and a line says how long i
 collective never returns, ``comm.train_timeout_seconds`` ends the run.
 
 The median is over the completed steps of this run except the first (compilation, first
-loads); until two have completed the watchdog waits. Checkpoint saves and validation are not
+loads). Whatever the factor and floor, the watchdog fires before a collective of the step can time
+out: at the latest after ``SHARE_OF_TIMEOUT`` of the collective timeout in force
+(``comm.init_timeout_seconds`` during the run's first step, ``comm.train_timeout_seconds`` after),
+so every rank waiting on a frozen peer has its stacks on disk when the timeout ends it, and that
+error line names the folder (:attr:`HangWatchdog.written`). Before two steps have completed, that
+bound is the only limit. Checkpoint saves and validation are not
 watched: they are not training steps, and a long save is not a hang. (A step does wait for a
 background save's copy of the weights before its optimizer update, ``async_with_pinned_mem``:
 that wait is watched, and a very slow one shows in the stacks as ``wait_for_staging``.)
@@ -29,17 +34,30 @@ from torchtitan.log import logger
 __all__ = ["HangWatchdog"]
 
 _HISTORY = 100  # the median is over the last this many steps
+# a step has run this share of the collective timeout: its collectives may be about to time out
+SHARE_OF_TIMEOUT = 0.75
 
 
 class HangWatchdog:
     """``begin(step)`` before a training step, ``end(step)`` after it; ``close()`` at the end
-    (or use it as a context manager). ``factor`` 0: off (no thread)."""
+    (or use it as a context manager). ``factor`` 0: off (no thread). ``timeouts_s``: the
+    collective timeouts (during the run's first step, after it), which the limit stays under."""
+
+    written: Path | None = None  # the folder of the last stacks this process wrote
 
     def __init__(
-        self, dump_folder: str, rank: int, *, factor: float, floor_s: float, poll_s: float = 1.0
+        self,
+        dump_folder: str,
+        rank: int,
+        *,
+        factor: float,
+        floor_s: float,
+        poll_s: float = 1.0,
+        timeouts_s: tuple[float, float] = (float("inf"), float("inf")),
     ) -> None:
         self.folder, self.rank = Path(dump_folder) / "hangs", rank
         self.factor, self.floor_s, self.poll_s = factor, floor_s, poll_s
+        self.timeouts_s = timeouts_s
         self.durations: list[float] = []  # the last steps' seconds, the run's first not among them
         self._first_done = False
         self._step: int | None = None
@@ -70,10 +88,14 @@ class HangWatchdog:
             )
 
     def limit(self) -> float | None:
-        """Seconds a step may take before the stacks are written; None until two steps ended."""
+        """Seconds a step may take before the stacks are written: ``factor`` x the median step
+        (at least the floor), but never as long as a collective may wait; None when neither
+        bounds it (no median yet, no timeout)."""
+        timeout = self.timeouts_s[1] if self._first_done else self.timeouts_s[0]
+        bound = SHARE_OF_TIMEOUT * timeout
         if not self.durations:
-            return None
-        return max(self.floor_s, self.factor * statistics.median(self.durations))
+            return None if bound == float("inf") else bound
+        return min(bound, max(self.floor_s, self.factor * statistics.median(self.durations)))
 
     def __enter__(self) -> HangWatchdog:
         return self
@@ -117,6 +139,7 @@ class HangWatchdog:
                 f"Hang watchdog: step {step} has run {elapsed:.0f}s; could not write {path}: {e}"
             )
             return
+        HangWatchdog.written = path.parent
         logger.warning(
             f"Hang watchdog: step {step} has run {elapsed:.0f}s (limit {limit:.0f}s); "
             f"every thread's stack of rank {self.rank} is in {path}"

@@ -9,7 +9,7 @@ import time
 import pytest
 from log_capture import logged
 
-from torchtitan.watchdog import HangWatchdog
+from torchtitan.watchdog import SHARE_OF_TIMEOUT, HangWatchdog
 
 
 @pytest.fixture
@@ -113,3 +113,34 @@ def test_other_errors_are_not_collective_timeouts():
         assert collective_timeout(e) is None
     assert collective_timeout(RuntimeError("timed out, but not in a collective")) is None
     assert collective_timeout(ValueError("Timed out waiting 5ms")) is None
+
+
+def test_the_limit_stays_under_the_collective_timeout_whatever_the_floor(tmp_path):
+    """A floor (60 s) above the timeout (12 s) would let a collective time out first and leave
+    no stacks: the limit is capped at a share of the timeout in force, the first step's (init)
+    before one step ended, the training one after."""
+    timeouts = (600.0, 12.0)
+    dog = HangWatchdog(
+        str(tmp_path), rank=0, factor=10.0, floor_s=60.0, poll_s=10, timeouts_s=timeouts
+    )
+    with dog:
+        assert dog.limit() == pytest.approx(SHARE_OF_TIMEOUT * 600)  # first step, no median yet
+        for step in (1, 2, 3):
+            dog.begin(step)
+            dog.end(step)
+        assert dog.limit() == pytest.approx(SHARE_OF_TIMEOUT * 12) and SHARE_OF_TIMEOUT < 1
+
+
+def test_stacks_are_written_before_the_timeout_and_the_folder_is_remembered(tmp_path):
+    timeouts = (0.2, 0.2)
+    dog = HangWatchdog(
+        str(tmp_path), rank=2, factor=10.0, floor_s=60.0, poll_s=0.02, timeouts_s=timeouts
+    )
+    with dog:
+        dog.begin(1)
+        deadline = time.monotonic() + 5
+        path = tmp_path / "hangs" / "step-1" / "rank_2.txt"
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert path.exists()
+    assert HangWatchdog.written == path.parent

@@ -98,10 +98,11 @@ _TIMEOUT_TEXT = re.compile(
 _COLLECTIVE_FILES = ("distributed_c10d.py", "_functional_collectives.py")
 
 
-def collective_timeout(exc: BaseException) -> CollectiveTimeout | None:
+def collective_timeout(exc: BaseException, stacks: Any = None) -> CollectiveTimeout | None:
     """``exc`` as one line if a collective raised it on timing out, else None: the collective it
-    waited in and the library frame that called it, from the traceback. Start-up timeouts (the
-    rendezvous, the store) are not collectives and stay as they are."""
+    waited in and the library frame that called it, from the traceback, and ``stacks``, the
+    folder where the hang watchdog wrote every waiting rank's stacks, if it did. Start-up
+    timeouts (the rendezvous, the store) are not collectives and stay as they are."""
     found = _TIMEOUT_TEXT.search(str(exc)) if isinstance(exc, RuntimeError) else None
     frames = traceback.extract_tb(exc.__traceback__)
     ops = [f for f in frames if os.path.basename(f.filename) in _COLLECTIVE_FILES]
@@ -121,8 +122,13 @@ def collective_timeout(exc: BaseException) -> CollectiveTimeout | None:
     return CollectiveTimeout(
         f"a collective timed out{waited} waiting in {ops[-1].name}{caller}: a peer rank stopped, "
         "died or lags far behind (comm.init_timeout_seconds until the first step ends, then "
-        "comm.train_timeout_seconds); the hang watchdog's stacks, if it fired, are under "
-        "job.dump_folder/hangs/"
+        "comm.train_timeout_seconds); "
+        + (
+            f"every waiting rank's stacks are in {stacks}/"
+            if stacks
+            else "no stacks were written (the hang watchdog watches training steps, when "
+            "resilience.hang_watchdog_factor is above 0)"
+        )
     )
 
 
