@@ -29,6 +29,7 @@ from torchtitan.log import add_log_file, init_logger, logger
 from torchtitan.metrics import MetricsProcessor, build_sinks, mean_over
 from torchtitan.preemption import Interrupted, Preempted, Preemption
 from torchtitan.profiling import profiled_steps
+from torchtitan.run_summary import Summary, summary_lines
 from torchtitan.step import StepRunner
 from torchtitan.stragglers import StragglerReport
 from torchtitan.validation import Validator
@@ -58,16 +59,8 @@ def train(job_config: JobConfig) -> None:
     validator = Validator(job_config, dataloader=val_loader, runner=runner) if val_loader else None
     startup.lap("parallelize and materialize")
 
-    # ---- optimizer, schedule, metrics
+    # ---- optimizer and schedule
     optimizer, lr_scheduler = builders.build_optimizer(job_config, rt, model)
-    metrics = MetricsProcessor(
-        flops_per_token=model.flops_per_token,
-        log_freq=job_config.metrics.log_freq,
-        sinks=build_sinks(job_config, rt.rank),
-        color=not job_config.metrics.disable_color_printing,
-        is_rank0=rt.rank == 0,
-        data_tokens=getattr(dataloader, "tokens_per_source", None),  # a mixture's shares
-    )
 
     # ---- checkpoints: resume from the newest complete one in the folder, if any
     train_state = TrainState()
@@ -77,18 +70,34 @@ def train(job_config: JobConfig) -> None:
     )  # fmt: skip
     if job_config.checkpoint.create_seed_checkpoint:  # initial weights for later runs, then stop
         checkpointer.save_seed()
-        metrics.close()
         return
     checkpointer.load()
+
+    # ---- metrics: console lines with the share done and the ETA, TensorBoard (a resumed run
+    #      continues its run folder, one curve across resumes)
+    metrics = MetricsProcessor(
+        flops_per_token=model.flops_per_token,
+        log_freq=job_config.metrics.log_freq,
+        sinks=build_sinks(job_config, rt.rank, resumed_step=train_state.step),
+        color=not job_config.metrics.disable_color_printing,
+        is_rank0=rt.rank == 0,
+        data_tokens=getattr(dataloader, "tokens_per_source", None),  # a mixture's shares
+        total_steps=job_config.training.steps,
+    )
     startup.lap("optimizer, metrics, checkpoint")
 
-    # ---- the training loop
+    # ---- the training loop, then one summary of the run
     loop = Loop(job_config, rt, model.parts, runner, optimizer, lr_scheduler, metrics,
                 checkpointer, validator, train_state, preemption)  # fmt: skip
-    loop.run(iter(dataloader), startup)
+    try:
+        loop.run(iter(dataloader), startup)
+    except (Interrupted, Preempted):  # a clean stop, its step saved: what the run did
+        loop.print_summary()
+        raise
     checkpointer.close()  # the last background save, if any, is written and marked complete
     metrics.close()
     logger.info("Training finished")
+    loop.print_summary()
 
 
 def _log_start(job_config: JobConfig, rt: builders.Runtime) -> None:
@@ -131,6 +140,39 @@ class Loop:
     train_state: TrainState
     preemption: Preemption
     _mean_loss: tuple[int, float] = (0, 0.0)  # (step, its loss averaged over the ranks)
+    # this run's first step, the tokens trained before it, and when the loop started and ended
+    _began: tuple[int, int, float, float] = (0, 0, 0.0, 0.0)
+
+    @property
+    def trained(self) -> bool:
+        """Whether this run trained a step."""
+        return 0 < self._began[0] <= self.train_state.step
+
+    def print_summary(self) -> None:
+        """Rank 0 prints the summary block of a run that trained a step."""
+        if self.rt.rank == 0 and self.trained:
+            for line in summary_lines(self.summary()):
+                logger.info(line)
+
+    def summary(self) -> Summary:
+        """What this run did, and where its outputs are."""
+        first, tokens_before, t0, t1 = self._began
+        tps, mfu = self.metrics.throughput()
+        return Summary(
+            first_step=first,
+            last_step=self.train_state.step,
+            tokens_run=self.train_state.ntokens_seen - tokens_before,
+            tokens_all=self.train_state.ntokens_seen,
+            wall_s=runtime.process_age(),
+            train_s=t1 - t0,
+            loss=self.metrics.last_loss,
+            validation=self.metrics.last_validation,
+            tokens_per_s=tps,
+            mfu_pct=mfu,
+            checkpoint=self.checkpointer.newest_complete(),
+            hf_export=self.checkpointer.last_hf_export,
+            tensorboard=self.metrics.tensorboard_folder,
+        )
 
     @cached_property
     def expert_load(self) -> ExpertLoad:
@@ -173,6 +215,15 @@ class Loop:
         if first > t.steps:
             logger.info(f"Already trained to step {first - 1} of {t.steps}: nothing to do")
             return
+        self._began = (first, self.train_state.ntokens_seen, time.perf_counter(), 0.0)
+        self.metrics.begin()
+        try:
+            self._run_steps(data_iter, startup, first)
+        finally:
+            self._began = (*self._began[:3], time.perf_counter())
+
+    def _run_steps(self, data_iter: Any, startup: runtime.StartupTimer | None, first: int) -> None:
+        t = self.job_config.training
         gc_handler = runtime.GarbageCollection(t.gc_freq)
         with (
             self.preemption,

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from torchtitan.distributed.utils import device_type
 from torchtitan.log import logger
+from torchtitan.run_summary import Progress
 
 # Peak dense (no sparsity) bf16 tensor-core FLOP/s, from the vendors' datasheets: NVIDIA A100
 # (312 TF), A10 (125 TF), L4 (121 TF), L40S (362 TF), H100 SXM (989 TF), H100 PCIe (756 TF),
@@ -81,9 +82,17 @@ class MetricsProcessor:
     color: bool = True
     is_rank0: bool = True
     data_tokens: Callable[[], dict[str, int]] | None = None  # tokens each data source has given
+    total_steps: int = 0  # the run's last step: each step line says the share done and the ETA
     ntokens_since_last_log: int = 0
     data_loading_times: list[float] = field(default_factory=list)
     _last_log_time: float = field(default_factory=time.perf_counter)
+    # for the run summary: the last values, and (tokens per device, seconds) over the logged
+    # intervals after this run's first (compilation and first loads)
+    last_loss: float | None = None
+    last_validation: tuple[float, float] | None = None
+    _intervals: int = 0
+    _steady: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    _first: list[float] = field(default_factory=lambda: [0.0, 0.0])
 
     def __post_init__(self) -> None:
         name = _device_name()
@@ -91,6 +100,13 @@ class MetricsProcessor:
         if device_type == "cuda" and self.peak is None:
             logger.warning(f"Unknown peak FLOP/s for '{name}': MFU will be reported as n/a")
         self.colors = _Colors(self.color and sys.stdout.isatty())
+        self.progress = Progress(self.total_steps) if self.total_steps else None
+        tb = (sink.folder for sink in self.sinks if isinstance(sink, TensorBoardSink))
+        self.tensorboard_folder = next(tb, None)  # this rank's TensorBoard run, if it writes one
+
+    def begin(self) -> None:
+        """The training loop starts: intervals and throughput count from here."""
+        self._last_log_time = time.perf_counter()
 
     def should_log(self, step: int) -> bool:
         return step == 1 or step % self.log_freq == 0
@@ -102,6 +118,13 @@ class MetricsProcessor:
         load-balancing metrics get a console line of their own)."""
         elapsed = time.perf_counter() - self._last_log_time
         tps = self.ntokens_since_last_log / elapsed
+        counted = self._steady if self._intervals else self._first
+        counted[0] += self.ntokens_since_last_log
+        counted[1] += elapsed
+        self._intervals += 1
+        self.last_loss = loss
+        if self.progress is not None:
+            self.progress.mark(step)
         tflops = self.flops_per_token * tps / 1e12
         mfu = 100 * self.flops_per_token * tps / self.peak if self.peak else None
         mem_peak, mem_reserved = device_memory()
@@ -141,6 +164,7 @@ class MetricsProcessor:
         self, step: int, loss: float, perplexity: float, batches: int, secs: float
     ) -> None:
         """One console line (rank 0) and ``validation/loss`` and ``validation/perplexity``."""
+        self.last_validation = (loss, perplexity)
         if self.is_rank0:
             c = self.colors
             logger.info(
@@ -162,7 +186,17 @@ class MetricsProcessor:
             f"{c.blue}tps: {round(v['throughput/tps']):,}  "
             f"{c.cyan}tflops: {v['throughput/tflops']:,.2f}  "
             f"{c.magenta}mfu: {mfu_s}{c.reset}"
+            + (f"  {self.progress.text(step)}" if self.progress is not None else "")
         )
+
+    def throughput(self) -> tuple[float | None, float | None]:
+        """(tokens/s per device, MFU %) over this run's logged intervals after its first (all of
+        them when there is only one); (None, None) before any."""
+        tokens, secs = self._steady if self._intervals > 1 else self._first
+        if secs <= 0:
+            return None, None
+        tps = tokens / secs
+        return tps, (100 * self.flops_per_token * tps / self.peak if self.peak else None)
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -201,11 +235,17 @@ def _si(n: float) -> str:
 
 
 class TensorBoardSink:
-    def __init__(self, folder: str) -> None:
+    """``purge_step``: the first step this run writes, when it resumes into an existing run
+    folder; TensorBoard hides the points of that step and later from before (a run that went on
+    past the checkpoint it is resumed from), so the curve stays one line."""
+
+    def __init__(self, folder: str, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(folder, max_queue=1000)
-        logger.info(f"TensorBoard metrics go to {folder}")
+        self.folder = folder
+        self.writer = SummaryWriter(folder, max_queue=1000, purge_step=purge_step)
+        resumed = f" (continuing its run from step {purge_step})" if purge_step else ""
+        logger.info(f"TensorBoard metrics go to {folder}{resumed}")
 
     def write(self, values: dict[str, float], step: int) -> None:
         for key, value in values.items():
@@ -241,9 +281,10 @@ class WandbSink:
         self.run.finish()
 
 
-def build_sinks(job_config: Any, rank: int) -> list[Any]:
+def build_sinks(job_config: Any, rank: int, resumed_step: int = 0) -> list[Any]:
     """TensorBoard and W&B writers for this rank: rank 0's, or every rank's with
-    ``metrics.save_for_all_ranks`` (TensorBoard then in ``{tb folder}/rank_{rank}/``)."""
+    ``metrics.save_for_all_ranks`` (TensorBoard then in ``{tb folder}/rank_{rank}/``). A run
+    resumed from a checkpoint (``resumed_step`` > 0) writes into the newest TensorBoard run."""
     m = job_config.metrics
     if rank != 0 and not m.save_for_all_ranks:
         return []
@@ -252,7 +293,11 @@ def build_sinks(job_config: Any, rank: int) -> list[Any]:
         folder = os.path.join(job_config.job.dump_folder, m.save_tb_folder)
         if m.save_for_all_ranks:
             folder = os.path.join(folder, f"rank_{rank}")
-        sinks.append(TensorBoardSink(tb_run_dir(folder)))
+        run = newest_tb_run(folder) if resumed_step > 0 else None
+        if run is not None:
+            sinks.append(TensorBoardSink(run, purge_step=resumed_step + 1))
+        else:
+            sinks.append(TensorBoardSink(tb_run_dir(folder)))
     if m.enable_wandb:
         sinks.append(WandbSink(job_config, rank, m.save_for_all_ranks))
     return sinks
@@ -261,6 +306,19 @@ def build_sinks(job_config: Any, rank: int) -> list[Any]:
 def tb_run_dir(folder: str) -> str:
     """``{folder}/<YYYYmmdd-HHMMSS>``: one subfolder per run."""
     return os.path.join(folder, datetime.now().strftime("%Y%m%d-%H%M%S"))
+
+
+def newest_tb_run(folder: str) -> str | None:
+    """The newest run subfolder of ``folder`` (names are start times) holding events, if any."""
+    if not os.path.isdir(folder):
+        return None
+    runs = sorted(
+        name
+        for name in os.listdir(folder)
+        if re.fullmatch(r"\d{8}-\d{6}", name)
+        and any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(folder, name)))
+    )
+    return os.path.join(folder, runs[-1]) if runs else None
 
 
 def mean_over(value: Any, mesh: Any) -> float:

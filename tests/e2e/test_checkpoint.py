@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from launcher import cache_env, launch, tensorboard_scalars_all_runs, worker_pids
+from launcher import (
+    cache_env,
+    launch,
+    tensorboard_scalars,
+    tensorboard_scalars_all_runs,
+    worker_pids,
+)
 from repo_paths import ROOT
 from tiers import params
 
@@ -387,3 +393,49 @@ def test_interval_in_seconds_saves_by_the_clock_on_every_rank_alike(tmp_path):
     out = _train(tmp_path / "hour", 6, *ONE_PROCESS, "--checkpoint.interval_type", "seconds",
                  "--checkpoint.interval", "3600", "--checkpoint.enable_first_step_checkpoint")  # fmt: skip
     assert [c.step for c in scan(str(_folder(tmp_path / "hour")))] == [1, 6]
+
+
+@pytest.mark.slow
+def test_resuming_on_more_processes_names_the_global_batch_and_resumes_exactly_with_it(tmp_path):
+    """Issue 30's commands: 8 steps on one process (its default global batch is 8), then 10 on two
+    (default 16). That is a configuration mismatch, not damage: one line naming the key, both
+    values and what to pass, no checkpoint set aside or skipped; with them, the run resumes."""
+    # (with a schedule that does not depend on training.steps, so that the unbroken 10-step run
+    # and the 8-step one train alike up to step 8)
+    args = ["--training.seq_len", "64", "--checkpoint.enable", "--checkpoint.interval", "3",
+            "--metrics.log_freq", "1", "--debug.seed", "42", "--debug.deterministic",
+            "--lr_scheduler.warmup_steps", "2", "--lr_scheduler.decay_ratio", "0"]  # fmt: skip
+    unbroken = launch(tmp_path / "unbroken", *args, "--training.steps", "10")
+    assert unbroken.returncode == 0, unbroken.stderr[-3000:]
+    first = launch(tmp_path, *args, "--training.steps", "8")
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = _folder(tmp_path)
+    out = launch(tmp_path, *args, "--training.steps", "10", ngpu=2)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: training.global_batch_size: {folder / 'step-8'} was trained with a global batch "
+        "of 8 sequences and this run has 16 (by default local_batch_size x the data-parallel "
+        "degree, which changes with the number of processes); pass --training.global_batch_size 8 "
+        "--training.local_batch_size 4 to continue it exactly, or --checkpoint.exclude_from_loading "
+        "dataloader to start the data over with the new batch"
+    ], out.stderr[-3000:]
+    assert "falling back" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+    assert sorted(os.listdir(folder)) == ["step-3", "step-6", "step-8"]  # none set aside
+    fixed = ["--training.global_batch_size", "8", "--training.local_batch_size", "4"]
+    again = launch(tmp_path, *args, "--training.steps", "10", *fixed, ngpu=2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"Loaded training state from {folder / 'step-8'} (step 8)" in again.stdout
+    expected = tensorboard_scalars_all_runs(tmp_path / "unbroken" / "out")
+    # the resumed run wrote into the first run's TensorBoard folder: one curve, steps 1 to 10
+    (run,) = (tmp_path / "out" / "tb").iterdir()
+    resumed = tensorboard_scalars(tmp_path / "out")
+    assert sorted(resumed) == list(range(1, 11)), resumed
+    # the summary block: this run's steps and tokens, and where its outputs are
+    summary = again.stdout[again.stdout.index("INFO Run summary") :]
+    for line in ("steps         9-10 this run (2), 10 in all",
+                 "tokens        1,024 this run, 5,120 in all",
+                 f"checkpoint    {folder / 'step-10'}", f"TensorBoard   {run}"):  # fmt: skip
+        assert line in summary, summary
+    for step in (9, 10):  # FSDP over 2 ranks differs from one process by summation order only
+        assert abs(resumed[step] - expected[step]) <= 1e-5, (step, resumed, expected)

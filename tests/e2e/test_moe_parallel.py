@@ -111,8 +111,13 @@ def baselines(tmp_path_factory) -> dict[str, dict[int, float]]:
 
 
 # Outside CI's time budget (pytest --extended): EP 4 (CI resumes under EP 4, and runs it with
-# whole experts over TP) and whole experts over TP without FSDP (CI runs them with it)
-EXTENDED_LAYOUTS = ["llama4_ep4", "llama4_ep2_tp2_etp1", "llama4_ep2_tp2_etp1_pp2"]
+# whole experts over TP) and whole experts over TP without FSDP (CI runs them with it); and the
+# Llama 4 layouts that are plain degree combinations, which tests/e2e/test_layout_sweep.py trains
+# against one process in CI (4 steps, the same bar: every EP, ETP, TP, PP, CP and FSDP
+# combination on 2 and 4 processes). CI keeps compile and Qwen3-MoE here.
+EXTENDED_LAYOUTS = ["llama4_ep4", "llama4_ep2_tp2_etp1", "llama4_ep2_tp2_etp1_pp2",
+                    "llama4_ep2", "llama4_ep2_fsdp2", "llama4_ep2_tp2", "llama4_ep2_tp2_etp1_fsdp2",
+                    "llama4_ep4_tp2_etp1", "llama4_ep2_pp2", "llama4_ep2_cp2"]  # fmt: skip
 
 
 @pytest.mark.slow

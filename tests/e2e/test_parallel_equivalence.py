@@ -111,7 +111,10 @@ BLOCK_CAUSAL_LAYOUTS["cp2_tp2"] = (4, ["--parallelism.context_parallel_degree", 
 # cp2_tp2_compile (the slowest, ~90 s) is left to the extended tier; compiled blocks stay in CI
 # through loss_chunks_compile and the compiled tests of test_moe_parallel.py and
 # test_qwen3_parallel.py.
-EXTENDED_LAYOUTS = ["fsdp2_cp2_ac_op", "ddp2_cp2", "cp2_tp2_compile"]
+# hsdp2x2, fsdp2_tp2, pp2_fsdp2, pp2_tp2 and pp2_cp2 are plain degree combinations, which
+# tests/e2e/test_layout_sweep.py trains against one process in CI with every other one.
+EXTENDED_LAYOUTS = ["fsdp2_cp2_ac_op", "ddp2_cp2", "cp2_tp2_compile",
+                    "hsdp2x2", "fsdp2_tp2", "pp2_fsdp2", "pp2_tp2", "pp2_cp2"]  # fmt: skip
 
 
 def _run(tmp_path, ngpu: int, extra: list[str]) -> tuple[dict[int, float], str]:

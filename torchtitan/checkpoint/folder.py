@@ -40,10 +40,14 @@ def step_path(folder: str, step: int) -> str:
     return os.path.join(folder, f"step-{step}")
 
 
-def write_marker(path: str, step: int, model_only: bool, world_size: int) -> None:
+def write_marker(
+    path: str, step: int, model_only: bool, world_size: int, run: dict[str, Any] | None = None
+) -> None:
     """Mark ``path`` complete: written to a temporary name, fsynced, then renamed, so that the
-    marker is either absent or whole."""
+    marker is either absent or whole. ``run``: what a resume must match (``mismatch.run_facts``)."""
     info = {"step": step, "model_only": model_only, "world_size": world_size}
+    if run:
+        info["run"] = run
     tmp = os.path.join(path, f".{MARKER}.tmp")
     with open(tmp, "w") as f:
         json.dump(info, f)

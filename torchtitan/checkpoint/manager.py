@@ -43,6 +43,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.api import CheckpointException
 
+from torchtitan.checkpoint import mismatch
 from torchtitan.checkpoint.collectives import (
     _agree,
     _barrier,
@@ -55,6 +56,7 @@ from torchtitan.checkpoint.folder import (
     MARKER,
     Found,
     fall_back,
+    read_marker,
     requested,
     resume_candidates,
     scan,
@@ -74,8 +76,8 @@ from torchtitan.checkpoint.safe_read import (
     SafeFileSystemReader,
     SafeLoadPlanner,
     _check_block_count,
-    _check_model_keys,
     _checkpoint_keys,
+    _read_metadata,
 )
 from torchtitan.checkpoint.save_failure import (
     STOP,
@@ -99,6 +101,8 @@ from torchtitan.errors import CheckpointSaveFailed
 from torchtitan.log import logger
 
 __all__ = ["CheckpointError", "CheckpointManager"]
+
+_MODEL = ("vocab_size", "parameters")  # the recorded facts of the model itself
 
 
 @dataclass
@@ -127,8 +131,11 @@ class CheckpointManager:
         world_size: int,
         model_args: Any = None,
         hf: HFExchange | None = None,
+        run_facts: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = job_config.checkpoint
+        self.run_facts = run_facts or {}  # recorded in each marker; a resume must match them
+        self.last_hf_export: str | None = None  # the folder of this run's last HF export
         self.enabled = self.cfg.enable
         self.folder = os.path.join(job_config.job.dump_folder, self.cfg.folder)
         self.total_steps = job_config.training.steps
@@ -182,7 +189,7 @@ class CheckpointManager:
         model_only = self.cfg.every_save_model_only or (last and self.cfg.last_save_model_only)
         self.save(step, model_only=model_only, export=model_only)
         if last and self.cfg.last_save_in_hf:
-            self.export_hf(step)
+            self.last_hf_export = self.export_hf(step)
 
     def _due(self, step: int) -> bool:
         """Whether ``checkpoint.interval`` has passed: steps, or seconds since the last save (or
@@ -334,7 +341,7 @@ class CheckpointManager:
         if self.rank != 0:
             return None
         try:
-            write_marker(path, step, model_only, self.world_size)
+            write_marker(path, step, model_only, self.world_size, run=self.run_facts)
         except OSError as e:  # only rank 0 knows: _settle tells the others
             return self._failed(path, step, e)
         self._purge(keep=path)
@@ -405,6 +412,7 @@ class CheckpointManager:
     def load(self) -> bool:
         """Resume from the folder (or ``initial_load_path``); True if a checkpoint was loaded."""
         if not self.enabled:
+            self._warn_if_checkpoints_left()
             return False
         found = scan(self.folder)
         if self.rank == 0:
@@ -425,6 +433,17 @@ class CheckpointManager:
         if loaded is not None:
             return True
         return self._initial_load()
+
+    def _warn_if_checkpoints_left(self) -> None:
+        """Checkpointing is off, but the folder holds a run's checkpoints: starting over from
+        step 1 is then rarely what was meant, so say so once."""
+        resumable, _ = resume_candidates([c for c in scan(self.folder) if c.complete])
+        if resumable:
+            logger.warning(
+                f"{self.folder} holds checkpoints (the newest: {resumable[-1].path}) but "
+                "checkpoint.enable is false: this run starts from step 1 and saves none; pass "
+                "--checkpoint.enable to resume from the newest"
+            )
 
     def _initial_load(self) -> bool:
         """No checkpoint of this job's own: the starting weights of ``initial_load_path`` (or,
@@ -491,12 +510,10 @@ class CheckpointManager:
                 logger.info(f"{path}: no RNG state for this rank (saved by another world size)")
                 del state["rng"]
             merges = plan_unfused_load(state, available, adapter)
-            _check_model_keys(path, state.get("model", {}), available)
-            if step is not None and self.model_args is not None:  # this job's own history
-                _check_block_count(path, self.model_args.n_layers, available)
-        except CheckpointError as e:  # e.g. a pipeline stage whose layers the checkpoint lacks
+        except CheckpointError as e:  # no readable metadata: a damaged checkpoint
             error = str(e)
         _agree(error)  # every rank loads, or every rank raises the same error
+        self._stop_if_mismatched(path, state, model_only, step)
         t0 = time.perf_counter()
         try:
             dcp.load(
@@ -523,6 +540,36 @@ class CheckpointManager:
             + (f" (step {self.train_state.step})" if not model_only else "")
             + f" in {time.perf_counter() - t0:.2f}s"
         )
+
+    def _stop_if_mismatched(
+        self, path: str, state: dict[str, Any], model_only: bool, step: int | None
+    ) -> None:
+        """A checkpoint of another configuration stops the run with one line per difference
+        (``CheckpointMismatch``) before anything is read and before any fall-back: it is not
+        damaged, and an older one would not fit either. One that lacks what its own run wrote is
+        damaged (``CheckpointError``: the manager falls back past it). The ranks agree: pipeline
+        stages load different entries."""
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+        # checkpoint.initial_load_path (step None) may start another model from some of the
+        # saved weights on purpose: only what this run loads is compared, not the recorded run
+        saved = read_marker(path).get("run", {}) if step is not None else {}
+        if model_only:  # weights alone: the data, batch and optimizer do not matter
+            saved = {k: v for k, v in saved.items() if k.startswith("model.") or k in _MODEL}
+        flat, _ = flatten_state_dict(state)
+        metadata = _read_metadata(path).state_dict_metadata
+        found = None
+        if step is not None and self.model_args is not None:
+            try:  # this job's own history: no blocks may be dropped quietly (said first: the
+                # count of blocks is the most precise thing to name)
+                _check_block_count(path, self.model_args.n_layers, set(metadata))
+            except CheckpointError as e:
+                found = ("mismatch", str(e))
+        found = found or mismatch.check(path, saved, self.run_facts, flat, metadata)
+        agreed = _first_of_all(found)
+        if agreed is not None:
+            kind, text = agreed
+            raise (mismatch.CheckpointMismatch if kind == "mismatch" else CheckpointError)(text)
 
     def _adapter(self) -> Any:
         """The family's state-dict adapter for this model (None where it has none): it knows

@@ -142,26 +142,11 @@ def _checkpoint_keys(path: str) -> set[str]:
     return set(_read_metadata(path).state_dict_metadata)
 
 
-def _check_model_keys(path: str, model_state: dict[str, Any], available: set[str]) -> None:
-    """A checkpoint of another model gives one error that lists what does not match."""
-    if not model_state:
-        return
-    missing = sorted(k for k in model_state if f"model.{k}" not in available)
-    if missing:
-        shown = ", ".join(missing[:5]) + (
-            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        )
-        raise CheckpointError(
-            f"checkpoint {path} lacks {len(missing)} parameters of this model ({shown}); "
-            "is it a checkpoint of another model or flavor?"
-        )
-
-
 def _check_block_count(path: str, n_layers: int, available: set[str]) -> None:
     """A resume must not quietly drop blocks: a checkpoint of more blocks than the model (e.g.
     ``model.n_layers`` lowered between runs) would otherwise load a prefix of them, since no
-    parameter of the model is missing. (Fewer blocks: the rank holding the missing ones fails
-    ``_check_model_keys``.)"""
+    parameter of the model is missing. (Fewer blocks: the rank holding the missing ones finds
+    them missing, ``mismatch.from_metadata``.)"""
     blocks = {int(k.split(".")[2]) for k in available if k.startswith("model.layers.")}
     if blocks and max(blocks) >= n_layers:
         raise CheckpointError(
