@@ -176,11 +176,9 @@ def train_tiktoken_model(docs: Sequence[str], vocab_size: int = VOCAB_SIZE) -> b
 def verify_tiktoken_model(path: Path, docs: Sequence[str]) -> None:
     """Check that tiktoken, through TikTokenizer, reproduces the trained segmentation exactly and
     round-trips the corpus; raise AssertionError otherwise."""
-    from tiktoken.load import load_tiktoken_bpe
+    from torchtitan.datasets.tokenizer import TikTokenizer, read_tiktoken_ranks
 
-    from torchtitan.datasets.tokenizer import TikTokenizer
-
-    ranks = load_tiktoken_bpe(str(path))
+    ranks = read_tiktoken_ranks(path)
     tok = TikTokenizer(path)
     word_counts = pretokenize(docs)
     # A token's bytes alone must encode to that token: every learned token is reachable.

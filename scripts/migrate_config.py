@@ -69,6 +69,9 @@ def migrate(text: str, path: str) -> tuple[str, list[str]]:
     changes = []
     for table, key, dotted in _leaves(doc):
         alias = config_aliases.ALIASES.get(dotted)
+        if dotted == "model.flavor" and table[key] in config_aliases.FLAVOR_ALIASES:
+            changes += _migrate_flavor(doc, table, key, cfg, path)
+            continue
         if alias is None:
             renamed = config_aliases.VALUE_ALIASES.get(dotted, {})
             value = table[key]
@@ -91,6 +94,19 @@ def migrate(text: str, path: str) -> tuple[str, list[str]]:
             changes.append(f"{path}: {dotted} = {_show(old)} -> {target} = {_show(new)}")
     _drop_empty_tables(doc)
     return tomlkit.dumps(doc), changes
+
+
+def _migrate_flavor(doc: Any, table: Any, key: str, cfg: JobConfig, path: str) -> list[str]:
+    """An upstream flavor that means a flavor here plus other keys: all of them written."""
+    old = table[key]
+    flavor, extra = config_aliases.FLAVOR_ALIASES[str(old)]
+    table[key] = flavor
+    changes = [f"{path}: model.flavor = {_show(old)} -> {_show(flavor)}"]
+    for target in extra:
+        new = _resolved(cfg, target)
+        _put(doc, target, new, "")
+        changes.append(f"{path}: model.flavor = {_show(old)} -> {target} = {_show(new)}")
+    return changes
 
 
 def _plain(item: Any) -> Any:

@@ -19,6 +19,7 @@ import torch.nn as nn
 from torchtitan import runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.checkpoint.hf_exchange import HFExchange
+from torchtitan.checkpoint.mismatch import run_facts
 from torchtitan.config_manager import JobConfig
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.loss_parallel import build_loss_fn
@@ -75,10 +76,18 @@ def build_tokenizer(job_config: JobConfig, spec: Any) -> Any:
 
 
 def build_dataloader(job_config: JobConfig, rt: Runtime, tokenizer: Any) -> Any:
-    """The training data of this data-parallel rank (infinite, checkpointable)."""
-    return dataloader_for(
+    """The training data of this data-parallel rank (infinite, checkpointable); read by worker
+    processes with ``training.dataloader.num_workers`` > 0."""
+    loader = dataloader_for(
         job_config, rt.spec, tokenizer, rt.dims.dp_rank, rt.dims.dp, rt.plan.global_batch_size
     )
+    w = job_config.training.dataloader
+    if w.num_workers == 0:
+        return loader
+    from torchtitan.datasets.workers import WorkerLoader
+
+    return WorkerLoader(loader, w.num_workers, prefetch_factor=w.prefetch_factor,
+                        pin_memory=w.pin_memory, persistent_workers=w.persistent_workers)  # fmt: skip
 
 
 def dataloader_for(
@@ -278,5 +287,15 @@ def build_checkpointer(
             export_tokenizer=rt.spec.export_tokenizer_fn,
             pp_rank=rt.dims.pp_rank,
             pp_degree=rt.dims.pp,
+        ),
+        run_facts=run_facts(
+            global_batch_size=rt.plan.global_batch_size,
+            local_batch_size=job_config.training.local_batch_size,
+            dp=rt.dims.dp,
+            model_name=job_config.model.name,
+            flavor=job_config.model.flavor,
+            vocab_size=model.args.vocab_size,
+            parameters=model.nparams,
+            optimizer=job_config.optimizer.name,
         ),
     )

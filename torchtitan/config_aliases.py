@@ -77,10 +77,21 @@ def _microbatch_size(n_microbatches: int, cfg: Any) -> int:
     local = cfg.training.local_batch_size
     if n_microbatches < 1 or local % n_microbatches:
         raise ConfigError(
-            f"parallelism.pipeline_parallel_microbatch_size: {n_microbatches} micro-batches "
-            f"(pipeline_parallel_microbatches) must divide training.local_batch_size ({local})"
+            f"{n_microbatches} micro-batches must divide training.local_batch_size ({local}); "
+            f"use a divisor of {local}, or set parallelism.pipeline_parallel_microbatch_size"
         )
     return local // n_microbatches
+
+
+def _float8_experts(fqns: list, cfg: Any) -> None:
+    """Upstream's float8 grouped matmuls for the experts: not built here. No effect without the
+    float8 converter; with it, a non-empty list is refused (the experts would silently stay in
+    the training dtype)."""
+    if fqns and "float8" in cfg.model.converters:
+        raise ConfigError(
+            f"{fqns!r}: float8 grouped matmuls for the routed experts are not built here (float8 "
+            "converts nn.Linear layers; the experts run in the training dtype); leave it empty"
+        )
 
 
 def _split_points_from_fqns(parts: Any, _current: Any) -> list[str]:
@@ -174,7 +185,17 @@ _ROTATE = Alias(
 )
 _MOE = "is not supported here (the router always chooses by its scores)"
 
+_FLOAT8_EXPERTS = Alias(
+    None,
+    old_type=list,
+    compute=_float8_experts,
+    note="float8 grouped matmuls for the experts are not built here; the experts run in the "
+    "training dtype",
+)
+
 ALIASES: dict[str, Alias] = {
+    # [global]: the earliest (2024) home of dump_folder
+    "global.dump_folder": _rename("job.dump_folder"),
     # [job]
     "job.print_args": _rename("job.print_config"),
     "job.use_for_integration_test": Alias(None, old_type=bool, note="upstream's CI marker"),
@@ -237,15 +258,6 @@ ALIASES: dict[str, Alias] = {
         "mixed_precision_param gives bfloat16 compute)",
     ),
     "training.compiled_autograd": _NO_COMPILED_AUTOGRAD,
-    "training.dataloader.num_workers": _refuse(
-        int, (0,), "the loader reads in the training process; use 0"
-    ),
-    "training.dataloader.persistent_workers": _refuse(
-        bool, (False,), "the loader has no worker processes; use false"
-    ),
-    "training.dataloader.pin_memory": _refuse(
-        bool, (False,), "the loader's batches are small token tensors; use false"
-    ),
     "training.debug_moe_force_load_balance": _refuse(bool, (False,), f"it {_MOE}; use false"),
     **{f"training.{k}": _rename(f"parallelism.{k}") for k in sorted(_EXPERIMENTAL)},
     # [experimental]: pipeline, context parallel and async TP before [parallelism] existed
@@ -258,8 +270,8 @@ ALIASES: dict[str, Alias] = {
         why="use 'manual' or 'tracer'",
         note="both give the same stages here",
     ),
-    "experimental.pipeline_parallel_schedule_csv": _refuse(
-        str, ("",), "schedules from a CSV file are not supported here; leave it empty"
+    "experimental.pipeline_parallel_schedule_csv": _rename(
+        "parallelism.pipeline_parallel_schedule_csv"
     ),
     "experimental.context_parallel_rotate_method": _ROTATE,
     "experimental.enable_compiled_autograd": _NO_COMPILED_AUTOGRAD,
@@ -268,26 +280,11 @@ ALIASES: dict[str, Alias] = {
     "experimental.custom_args_module": _rename("job.custom_config_module"),
     # [parallelism]: 2025 keys for features built differently (or not) here
     "parallelism.pipeline_parallel_microbatches": _MICROBATCHES,
-    "parallelism.pipeline_parallel_schedule_csv": _refuse(
-        str, ("",), "schedules from a CSV file are not supported here; leave it empty"
-    ),
     "parallelism.module_fqns_per_model_part": Alias(
         "parallelism.pipeline_parallel_split_points",
         old_type=list,
         convert=_split_points_from_fqns,
         note="each stage's first layer becomes a split point",
-    ),
-    "parallelism.pipeline_parallel_first_stage_less_layers": _refuse(
-        int,
-        (1,),
-        "stages here split the transformer blocks only; use 1 (or set "
-        "pipeline_parallel_split_points)",
-    ),
-    "parallelism.pipeline_parallel_last_stage_less_layers": _refuse(
-        int,
-        (1,),
-        "stages here split the transformer blocks only; use 1 (or set "
-        "pipeline_parallel_split_points)",
     ),
     "parallelism.context_parallel_rotate_method": _ROTATE,
     "parallelism.context_parallel_load_balancer": Alias(
@@ -305,9 +302,6 @@ ALIASES: dict[str, Alias] = {
     "optimizer.fused": Alias(
         "optimizer.implementation", old_type=bool, convert=_fused_to_implementation
     ),
-    "optimizer.early_step_in_backward": _refuse(
-        bool, (False,), "optimizer steps inside backward are not supported here; use false"
-    ),
     # [lr_scheduler]
     "lr_scheduler.lr_min": _rename("lr_scheduler.min_lr_factor", note="both a fraction of lr"),
     # [checkpoint]
@@ -317,6 +311,12 @@ ALIASES: dict[str, Alias] = {
     ),
     "checkpoint.last_save_model_weights_only": _rename("checkpoint.last_save_model_only"),
     "checkpoint.initial_load_model_weights_only": _rename("checkpoint.initial_load_model_only"),
+    # [model]: FlexAttention was a switch of its own in 2025
+    "model.use_flex_attn": _ignored(
+        bool,
+        "the attention kernel follows model.attn_mask_type here: block_causal runs FlexAttention "
+        "on CUDA, causal runs SDPA (the same math as a causal FlexAttention)",
+    ),
     # [profiling]
     "profiling.run_profiler": _rename("profiling.enable_profiling"),
     "profiling.profile_every_x_iter": _rename("profiling.profile_freq"),
@@ -329,6 +329,8 @@ ALIASES: dict[str, Alias] = {
     "float8.scaling_type_grad_output": _refuse(
         str, ("dynamic",), "only dynamic scaling; use 'dynamic'"
     ),
+    "float8.moe_fqns_prototype": _FLOAT8_EXPERTS,  # mid-2025
+    "float8.moe_fqns": _FLOAT8_EXPERTS,  # late 2025
     "float8.force_recompute_fp8_weight_in_bwd": _refuse(
         bool, (False,), "not supported here (torchao removed it); use false"
     ),
@@ -358,9 +360,6 @@ ALIASES: dict[str, Alias] = {
     "comm.mode": _refuse(str, ("default",), "fake or local-tensor backends are not built here"),
     "debug.deterministic_warn_only": _refuse(bool, (False,), "not supported here; use false"),
     "debug.moe_force_load_balance": _refuse(bool, (False,), f"it {_MOE}; use false"),
-    "training.dataloader.prefetch_factor": _refuse(
-        int, (), "the loader has no worker processes; leave it out"
-    ),
     "checkpoint.load_only": _refuse(bool, (False,), "not supported here; use false"),
     "checkpoint.initial_load_in_hf_quantized": _refuse(
         bool, (False,), "quantized Hugging Face weights are not read here; use false"
@@ -394,7 +393,6 @@ ALIASES: dict[str, Alias] = {
             ("mx.recipe_name", str),
             ("mx.filter_fqns", list),
             ("mx.moe_fqns_prototype", list),
-            ("float8.moe_fqns_prototype", list),
             ("quantize.linear.mx.mxfp8_dim1_cast_kernel_choice", str),
             ("quantize.linear.mx.recipe_name", str),
             ("quantize.linear.mx.filter_fqns", list),
@@ -414,6 +412,13 @@ ALIASES: dict[str, Alias] = {
         bool, (False,), "use python scripts/estimate_memory.py with the same config instead"
     ),
     "memory_estimation.disable_fake_mode": Alias(None, old_type=bool, note="no effect"),
+}
+
+# Upstream's debug-model variants named by their attention kernel (its integration tests): the
+# debug model with document masking. flavor -> (flavor here, further keys it sets).
+FLAVOR_ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "debugmodel_flex_attn": ("debugmodel", {"model.attn_mask_type": "block_causal"}),
+    "debugmodel_varlen_attn": ("debugmodel", {"model.attn_mask_type": "block_causal"}),
 }
 
 # Old values of current keys: key -> {old value: current value}.
@@ -476,7 +481,7 @@ def suggest(dotted: str, keys: dict[str, Any]) -> str | None:
     Looks in every section and through the old names (answering with the current key), and only
     suggests a key of the same meaning: the same name in another section, or a typo of a name.
     """
-    section, _, key = dotted.partition(".")
+    section, key = dotted.partition(".")[0], dotted.rsplit(".", 1)[-1]  # a.b.c: section a, key c
     candidates = {k: k for k in keys}
     # an old name answers with its current key, unless the value changes meaning on the way
     # (negated, or turned into another unit): then the old name itself, which still works

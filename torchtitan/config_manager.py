@@ -189,6 +189,11 @@ class Optimizer:
         "Optimizer kernel: fused, foreach or for-loop (falls back to foreach where fused is unsupported)",
         choices=("fused", "foreach", "for-loop"),
     )
+    early_step_in_backward: bool = opt(
+        False,
+        "Step each parameter as soon as backward has its gradient, then free the gradient "
+        "(memory); no gradient clipping; not with pipeline parallel, accumulation, DDP or Muon",
+    )
 
 
 @dataclass
@@ -204,6 +209,29 @@ class LRScheduler:
     min_lr_factor: float = opt(0.0, "Final learning rate as a fraction of optimizer.lr", ge=0, le=1)
     total_steps: int | None = opt(
         None, "Steps the schedule spans (warm-up, stable, decay); unset = training.steps", ge=1
+    )
+
+
+@dataclass
+class DataLoader:
+    """``[training.dataloader]``: worker processes of the training data loader (upstream's keys,
+    torch DataLoader's meanings)."""
+
+    num_workers: int = opt(
+        0,
+        "Processes that read and tokenize the training data ahead of the step, each a share of "
+        "every batch's rows (at most training.local_batch_size); resume stays exact; 0 = in the "
+        "training process",
+        ge=0,
+    )
+    persistent_workers: bool = opt(
+        False, "Keep the worker processes between passes over the data (needs num_workers > 0)"
+    )
+    pin_memory: bool = opt(
+        False, "Batches in page-locked memory for faster host-to-GPU copies (CUDA; no-op on CPU)"
+    )
+    prefetch_factor: int = opt(
+        2, "Batches each worker prepares ahead (torch's default 2; used when num_workers > 0)", ge=1
     )
 
 
@@ -265,6 +293,7 @@ class Training:
     gc_freq: int = opt(
         50, "Run Python's garbage collector every N steps (automatic GC is turned off)", ge=1
     )
+    dataloader: DataLoader = field(default_factory=DataLoader)
 
 
 @dataclass
@@ -328,6 +357,23 @@ class Parallelism:
         None, "Transformer layers per pipeline stage; unset = even split"
     )
     pipeline_parallel_microbatch_size: int = opt(1, "Sequences per pipeline micro-batch", ge=1)
+    pipeline_parallel_first_stage_less_layers: int = opt(
+        1,
+        "Layers the embedding counts as when stages are split (the first stage gets that many "
+        "fewer transformer blocks)",
+        ge=0,
+    )
+    pipeline_parallel_last_stage_less_layers: int = opt(
+        1,
+        "Layers the final norm + output count as when stages are split (the last stage gets that "
+        "many fewer transformer blocks)",
+        ge=0,
+    )
+    pipeline_parallel_schedule_csv: str = opt(
+        "",
+        "A custom schedule: a CSV file of each pipeline rank's actions (torch's "
+        "PipelineScheduleMulti format); empty = the named schedule",
+    )
 
 
 @dataclass
@@ -565,8 +611,25 @@ def _sections(cls: type | None = None) -> dict[str, type]:
 
 
 def _keys(section_cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """A section's keys; a field that is itself a dataclass (``training.dataloader``, as upstream
+    nests it) gives its keys under its name: ``dataloader.num_workers``."""
     hints = typing.get_type_hints(section_cls)
-    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(section_cls)}
+    out: dict[str, tuple[dataclasses.Field, Any]] = {}
+    for f in dataclasses.fields(section_cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update({f"{f.name}.{k}": v for k, v in _keys(hints[f.name]).items()})
+        else:
+            out[f.name] = (f, hints[f.name])
+    return out
+
+
+def _owner(cfg: Any, dotted: str) -> tuple[Any, str]:
+    """The object that holds key ``dotted`` (``training.dataloader.num_workers``: the
+    ``training.dataloader`` object) and the key's own name."""
+    *path, key = dotted.split(".")
+    for name in path:
+        cfg = getattr(cfg, name)
+    return cfg, key
 
 
 def all_keys(cls: type | None = None) -> dict[str, Any]:
@@ -775,6 +838,7 @@ class _Builder:
         self.sections = _sections(type(cfg))
         self.order: dict[str, int] = {}  # current key -> when it was last set
         self.deferred: list[tuple[int, Setting, Any]] = []
+        self.implied: list[tuple[int, Setting, dict[str, Any]]] = []
 
     def apply(self, n: int, s: Setting) -> None:
         alias = config_aliases.ALIASES.get(s.written)
@@ -787,10 +851,10 @@ class _Builder:
         if alias.only is not None and value not in alias.only:
             raise ConfigError(f"{s.where()}: {value!r}: {alias.why}")
         self._warn(s, alias.warning(s.where(), s.origin))
-        if alias.new is None:
-            return
         if alias.compute is not None:  # needs other keys: done once every layer is applied
             self.deferred.append((n, s, value))
+            return
+        if alias.new is None:
             return
         if alias.convert is not None:
             value = alias.convert(value, self._get(alias.new))
@@ -799,12 +863,21 @@ class _Builder:
             self._set(n, s, key, extra)
 
     def finish(self) -> None:
+        for n, s, extra in self.implied:  # keys an old flavor name implies, unless set later
+            for key, value in extra.items():
+                if self.order.get(key, -1) <= n:
+                    self._set(n, s, key, value)
         for n, s, value in self.deferred:
             alias = config_aliases.ALIASES[s.written]
-            if self.order.get(alias.new, -1) > n:
+            if alias.new is not None and self.order.get(alias.new, -1) > n:
                 continue  # the current key was set later (higher precedence)
             with self.problems.collect():
-                self._set(n, s, alias.new, alias.compute(value, self.cfg))
+                try:
+                    computed = alias.compute(value, self.cfg)
+                except ConfigError as e:  # where the old key was set, as every other line
+                    raise ConfigError(f"{s.where()}: {e}") from None
+                if alias.new is not None:
+                    self._set(n, s, alias.new, computed)
 
     def _typed(self, s: Setting, tp: Any) -> Any:
         try:
@@ -813,10 +886,11 @@ class _Builder:
             raise ConfigError(f"{s.where()}: {e}") from None
 
     def _get(self, dotted: str) -> Any:
-        section, key = dotted.split(".", 1)
-        return getattr(getattr(self.cfg, section), key)
+        return getattr(*_owner(self.cfg, dotted))
 
     def _set(self, n: int, s: Setting, dotted: str, value: Any) -> None:
+        if dotted == "model.flavor" and value in config_aliases.FLAVOR_ALIASES:
+            value = self._old_flavor(n, s, value)
         renamed = config_aliases.VALUE_ALIASES.get(dotted, {})
         items = value if isinstance(value, list) else [value]
         for item in items:
@@ -826,10 +900,21 @@ class _Builder:
             value = list(dict.fromkeys(renamed.get(v, v) for v in value))
         elif isinstance(value, str):
             value = renamed.get(value, value)
-        section, key = dotted.split(".", 1)
-        setattr(getattr(self.cfg, section), key, value)
+        setattr(*_owner(self.cfg, dotted), value)
         self.order[dotted] = n
         self.cfg.origins[dotted] = s
+
+    def _old_flavor(self, n: int, s: Setting, old: str) -> str:
+        """An upstream flavor name that means a flavor here plus other keys (applied in
+        ``finish`` unless a later setting gives them): the flavor, and one warning line."""
+        flavor, extra = config_aliases.FLAVOR_ALIASES[old]
+        self.implied.append((n, s, extra))
+        keys = " with ".join(
+            [f"model.flavor = {flavor!r}", *(f"{k} = {v!r}" for k, v in extra.items())]
+        )
+        self._warn(s, f"{s.where()}: {old!r} is upstream's debug model with document masking; "
+                   f"here it is {keys} (FlexAttention on CUDA, SDPA with a document mask on CPU)")  # fmt: skip
+        return flavor
 
     def _warn(self, s: Setting, line: str) -> None:
         if line not in self.cfg.warnings:
@@ -842,13 +927,44 @@ class _Builder:
         hint = config_aliases.suggest(s.written, self.keys)
         if hint:
             return f"{s.where()}: unknown key; did you mean '{hint}'?"
-        if section not in self.sections and not config_aliases.is_old_section(section):
-            close = difflib.get_close_matches(section, list(self.sections), n=1, cutoff=0.75)
-            valid = (
-                f"did you mean [{close[0]}]?" if close else f"sections: {', '.join(self.sections)}"
-            )
-            return f"{s.where()}: unknown section [{section}]; {valid}"
         return f"{s.where()}: unknown key; see python train.py --help for the keys of [{section}]"
+
+    def in_known_sections(self, settings: list[Setting]) -> list[Setting]:
+        """The settings whose section exists (here, or as an old upstream section). A section
+        that does not is one problem line per file (or for the command line), with the section
+        it most likely meant; its keys are not judged one by one."""
+        kept: list[Setting] = []
+        unknown: dict[tuple[str, str], list[Setting]] = {}
+        for s in settings:
+            section = s.written.split(".", 1)[0]
+            if "." not in s.written or section in self.sections:
+                kept.append(s)
+            elif config_aliases.is_old_section(section):
+                kept.append(s)
+            else:
+                unknown.setdefault((s.origin, section), []).append(s)
+        for (origin, section), group in unknown.items():
+            where = origin
+            if origin == CLI:
+                where += ": " + ", ".join(f"--{s.written}" for s in group)
+            self.problems.add(
+                f"{where}: unknown section [{section}]; {self._meant(section, group)}"
+            )
+        return kept
+
+    def _meant(self, section: str, group: list[Setting]) -> str:
+        """``did you mean [x]?`` for an unknown section: a close name, else the one section
+        holding most of its keys (more than half); else the list of sections."""
+        close = difflib.get_close_matches(section, list(self.sections), n=1, cutoff=0.75)
+        if not close:
+            names = {s.written.split(".", 1)[1] for s in group}
+            fits = {sec: sum(f"{sec}.{k}" in self.keys for k in names) for sec in self.sections}
+            best = sorted(fits, key=lambda sec: -fits[sec])[:2]
+            if 2 * fits[best[0]] > len(names) and fits[best[0]] > fits[best[1]]:
+                close = best[:1]
+        if close:
+            return f"did you mean [{close[0]}]?"
+        return f"sections: {', '.join(self.sections)}"
 
 
 def parse_args(
@@ -869,13 +985,16 @@ def parse_args(
     settings += [s for s in cli if s.written != "job.config_file"]
     cfg = _config_class(settings, found)()
     builder = _Builder(cfg, found)
-    for n, s in enumerate(settings):
+    for n, s in enumerate(builder.in_known_sections(settings)):
         with found.collect():
             builder.apply(n, s)
     builder.finish()
     cfg.job.config_file = config_file
     with found.collect():
         check_values(cfg, need_files=need_files)
+    for line in config_warnings(cfg):
+        if line not in cfg.warnings:
+            cfg.warnings.append(line)
     if problems is None:
         found.raise_if_any()
     return cfg
@@ -957,7 +1076,7 @@ def located(cfg: JobConfig, e: ConfigError) -> ConfigError:
 def _check_bounds(cfg: JobConfig, problems: Problems) -> None:
     for section, cls in _sections(type(cfg)).items():
         for key, (f, _) in _keys(cls).items():
-            value = getattr(getattr(cfg, section), key)
+            value = getattr(*_owner(cfg, f"{section}.{key}"))
             meta, name = f.metadata, f"{section}.{key}"
             if value is None:
                 continue
@@ -987,6 +1106,28 @@ def check_values(cfg: JobConfig, *, need_files: bool = True) -> None:
             _check_files(cfg)
     if problems.lines:
         raise located(cfg, ConfigErrors(problems.lines))
+
+
+def config_warnings(cfg: JobConfig) -> list[str]:
+    """Settings that are valid but probably not meant, one line each, where each key was set in
+    front: a warm-up that outlasts training (the learning rate never reaches optimizer.lr, and
+    the schedule's stable and decay phases never come)."""
+    t, lr = cfg.training, cfg.lr_scheduler
+    if t.steps < 1 or lr.warmup_steps < 1 or (lr.total_steps or 1) < 1:
+        return []  # invalid values are reported as errors
+    warmup = min(lr.warmup_steps, lr.total_steps or t.steps)  # as lr_scheduling.lr_factor
+    if warmup < t.steps:
+        return []
+    last = t.steps / (warmup + 1)
+    return [
+        locate(
+            cfg,
+            f"lr_scheduler.warmup_steps: {lr.warmup_steps} warm-up steps, but training.steps is "
+            f"{t.steps}: the whole run is warm-up, the learning rate rising to {last:.0%} of "
+            "optimizer.lr at the last step, never reaching it or decaying; make warmup_steps "
+            "smaller than training.steps",
+        )
+    ]
 
 
 def _check_wandb(cfg: JobConfig) -> None:

@@ -58,6 +58,8 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
         _check_dump_folder(job_config.job.dump_folder)
     with problems.collect():
         check_data_config(job_config.training)
+    with problems.collect():
+        _check_dataloader_workers(job_config.training)
     dims = spec = model_args = pipeline = None
     with problems.collect():
         dims = _dims(job_config, world_size)
@@ -74,10 +76,18 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
         if dims.pp > 1:
             with problems.collect():
                 pipeline = check_pipeline_config(job_config, model_args, dims)
+        elif job_config.parallelism.pipeline_parallel_schedule_csv:
+            problems.add(
+                "parallelism.pipeline_parallel_schedule_csv: a pipeline schedule, but "
+                "parallelism.pipeline_parallel_degree is 1; set the degree, or leave it empty"
+            )
     global_batch = accum = 0
     if dims is not None:
         with problems.collect():
             global_batch, accum = _global_batch(job_config.training, dims)
+        if job_config.optimizer.early_step_in_backward:
+            with problems.collect():
+                _check_early_step(job_config, dims, accum)
     if problems.lines:
         raise located(job_config, ConfigErrors(problems.lines))
     return JobPlan(dims, spec, model_args, accum, global_batch, pipeline)
@@ -109,6 +119,60 @@ def _global_batch(t: Any, dims: ParallelDims) -> tuple[int, int]:
     if t.local_batch_size < 1:
         return 0, 0  # reported by the config's own checks
     return global_batch(t.local_batch_size, t.global_batch_size, dims.dp)
+
+
+def _check_dataloader_workers(t: Any) -> None:
+    """``[training.dataloader]``: each worker reads whole rows of every local batch."""
+    w, key = t.dataloader, "training.dataloader"
+    if w.num_workers > t.local_batch_size:
+        raise ConfigError(
+            f"{key}.num_workers: {w.num_workers} workers, but each reads whole rows of every "
+            f"batch and training.local_batch_size is {t.local_batch_size}; use at most "
+            f"{t.local_batch_size}"
+        )
+    for name in ("persistent_workers", "pin_memory"):
+        if getattr(w, name) and w.num_workers == 0:
+            raise ConfigError(
+                f"{key}.{name}: applies to worker processes; set {key}.num_workers > 0, or "
+                f"leave {name} false"
+            )
+
+
+def _check_early_step(job_config: JobConfig, dims: ParallelDims, accum: int) -> None:
+    """``optimizer.early_step_in_backward`` updates each parameter once its gradient is whole:
+    what needs the gradients of a step together, or more than one backward per step, cannot."""
+    key = "optimizer.early_step_in_backward"
+    if dims.pp > 1:
+        raise ConfigError(
+            f"{key}: a pipeline stage runs backward once per micro-batch, so each would step; "
+            "turn it off with parallelism.pipeline_parallel_degree > 1"
+        )
+    if accum > 1:
+        raise ConfigError(
+            f"{key}: training.global_batch_size {job_config.training.global_batch_size} takes "
+            f"{accum} backward passes per step (accumulation), each would step; use "
+            "global_batch_size = local_batch_size x the data-parallel degree (-1)"
+        )
+    if dims.dp_replicate > 1 and not dims.uses_fully_shard:
+        raise ConfigError(
+            f"{key}: DDP (parallelism.data_parallel_replicate_degree "
+            f"{dims.dp_replicate}) averages gradients after backward has them; use "
+            "data_parallel_shard_degree (FSDP reduces each gradient before it steps)"
+        )
+    if job_config.optimizer.name == "Muon":
+        raise ConfigError(
+            f"{key}: Muon orthogonalizes whole matrices across ranks at the step; use AdamW or Adam"
+        )
+    if job_config.resilience.loss_spike_zscore > 0:
+        raise ConfigError(
+            f"{key}: resilience.loss_spike_zscore skips a step's update after backward, when it "
+            "is already applied; set loss_spike_zscore = 0"
+        )
+    if job_config.checkpoint.enable and job_config.checkpoint.async_mode != "disabled":
+        raise ConfigError(
+            f"{key}: checkpoint.async_mode {job_config.checkpoint.async_mode} copies the weights "
+            "while the next step runs, and that step updates them in backward; use disabled"
+        )
 
 
 def _check_dump_folder(folder: str) -> None:

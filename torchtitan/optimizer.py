@@ -11,6 +11,7 @@ checkpoint loads under another parallel layout.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from torchtitan.bf16_state import BF16StateAdam
 from torchtitan.config_manager import Optimizer as OptimizerConfig
+from torchtitan.distributed.utils import stepped_grad_norms
 from torchtitan.errors import ConfigError
 from torchtitan.log import logger
 from torchtitan.muon import DistributedMuon
@@ -120,6 +122,30 @@ class Optimizers:
             self.groups_of.update({id(opt): mine for opt, mine in built})
         self.optimizers = [opt for opts in self.per_part for opt in opts]
         self.betas, self.eps = (cfg.beta1, cfg.beta2), cfg.eps
+        if cfg.early_step_in_backward:
+            self._step_in_backward()
+
+    def _step_in_backward(self) -> None:
+        """``optimizer.early_step_in_backward``: each parameter is updated as soon as backward
+        has its gradient (after FSDP's reduce-scatter under FSDP), by its part's optimizer
+        stepped while it is the only parameter holding a gradient, and the gradient is freed at
+        once (memory). The update is the one ``step()`` would make (the same state, groups and
+        learning rate); its norm is kept for the step's logged gradient norm, but nothing can be
+        clipped. ``step()`` and ``zero_grad()`` then find no gradients: no-ops."""
+
+        def step_one(opt: torch.optim.Optimizer, param: torch.Tensor) -> None:
+            stepped_grad_norms.add(param.grad)
+            opt.step()
+            param.grad = None
+
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    param.register_post_accumulate_grad_hook(functools.partial(step_one, opt))
+        logger.warning(
+            "optimizer.early_step_in_backward: each parameter steps in backward; gradients are "
+            "not clipped (training.max_norm has no effect), the logged grad_norm is unclipped"
+        )
 
     def step(self) -> None:
         for opt in self.optimizers:

@@ -77,8 +77,23 @@ def spec_for_hf_config(config: dict, where: str) -> TrainSpec:
     )
 
 
+# Flavors upstream keeps in another family (its qwen3 holds the Qwen3-MoE sizes):
+# (family, flavor) -> (family here, flavor here).
+MOVED_FLAVORS: dict[tuple[str, str], tuple[str, str]] = {
+    ("qwen3", "debugmodel_moe"): ("qwen3_moe", "debugmodel"),
+    ("qwen3", "30B-A3B"): ("qwen3_moe", "30B-A3B"),
+    ("qwen3", "235B-A22B"): ("qwen3_moe", "235B-A22B"),
+}
+
+
 def get_model_args(name: str, flavor: str) -> Any:
     spec = get_train_spec(name)
+    if (name, flavor) in MOVED_FLAVORS:
+        family, here = MOVED_FLAVORS[name, flavor]
+        raise ConfigError(
+            f"model.flavor: '{flavor}' is upstream's {name} mixture-of-experts flavor; here it is "
+            f"model.name = '{family}' with model.flavor = '{here}'"
+        )
     if flavor not in spec.flavors:
         raise ConfigError(
             f"model.flavor: '{flavor}' is not a flavor of {name}; valid: {', '.join(spec.flavors)}"

@@ -1,7 +1,8 @@
 """Hugging Face interop through real processes: the export of an FSDP training run gives
 transformers the same logits and starts a pipelined run whose export is bit for bit the same; the
-conversion scripts agree with each other; generate.py's greedy tokens are transformers'. The
-in-process checks of the conversion and the files are in tests/unit/test_hf_format.py."""
+conversion scripts agree with each other; generate.py's greedy tokens are transformers', and its
+seeded sampling repeats. The in-process checks of the conversion and the files are in
+tests/unit/test_hf_format.py."""
 
 from __future__ import annotations
 
@@ -133,3 +134,22 @@ def test_greedy_generation_equals_transformers(trained):
         from_hf_export["output_ids"]
         and from_hf_export["output_ids"] == expected[: len(from_hf_export["output_ids"])]
     )
+
+
+@pytest.mark.slow
+def test_generate_samples_reproducibly_with_a_seed(trained):
+    """generate.py's sampling options from the command line: the same seed gives the same
+    tokens, another seed others, and top-k 1 gives the greedy tokens."""
+    common = ["--checkpoint", str(trained / "step-4-hf"), "--tokenizer", str(TIKTOKEN_PATH),
+              "--prompt", "def main(", "--max_new_tokens", "12", "--json"]  # fmt: skip
+
+    def generate(*options: str) -> dict:
+        return json.loads(_script("generate.py", *common, *options).splitlines()[-1])
+
+    greedy = generate()
+    sampled = generate("--temperature", "1.0", "--seed", "11")
+    assert sampled == generate("--temperature", "1.0", "--seed", "11") and sampled["seed"] == 11
+    assert sampled["output_ids"] != generate("--temperature", "1.0", "--seed", "12")["output_ids"]
+    assert sampled["output_ids"] != greedy["output_ids"]
+    top1 = generate("--temperature", "1.0", "--top_k", "1", "--seed", "5")
+    assert top1["output_ids"] == greedy["output_ids"] and "seed" not in greedy

@@ -123,8 +123,9 @@ def test_every_schedule_gives_the_unsplit_gradients(tmp_path):
             "stage 0 (pp rank 0): tok_embeddings + layers 0-2",
             marks=pytest.mark.extended,
         ),  # also pp2_1f1b of test_parallel_equivalence
-        ("Interleaved1F1B", 1, "stage 2 (pp rank 0): layer 4; stage 3 (pp rank 1): layer 5"),
-        ("ZBVZeroBubble", 1, "stage 2 (pp rank 1): layer 4; stage 3 (pp rank 0): layer 5"),
+        # the embedding and norm + output count as a layer each (upstream's split): 1-2-2-1
+        ("Interleaved1F1B", 1, "stage 2 (pp rank 0): layers 3-4; stage 3 (pp rank 1): layer 5 +"),
+        ("ZBVZeroBubble", 1, "stage 2 (pp rank 1): layers 3-4; stage 3 (pp rank 0): layer 5 +"),
     ],
     ids=["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"],
 )

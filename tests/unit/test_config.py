@@ -118,7 +118,7 @@ def test_debug_config_parses():
 @pytest.mark.parametrize(
     "toml, args, expected",
     [
-        ("[trainig]\nsteps = 1\n", [], "trainig.steps: unknown key; did you mean 'training.steps'"),
+        ("[trainig]\nsteps = 1\n", [], "unknown section [trainig]; did you mean [training]"),
         ("[trainig]\nxyz = 1\n", [], "unknown section [trainig]; did you mean [training]"),
         (
             "[training]\nstep = 1\n",
@@ -210,6 +210,77 @@ def test_missing_and_bad_config_file(tmp_path):
         parse_args(["--job.config_file", str(bad)])
 
 
+def test_a_misspelled_section_is_one_line_per_file(tmp_path, capsys):
+    from torchtitan import preflight
+
+    path = _toml(
+        tmp_path, '[optimiser]\nname = "AdamW"\nlr = 3e-4\neps = 1e-8\nweight_decay = 0.1\n'
+    )
+    cli = ["--optimiser.lr", "1", "--optimiser.eps", "2", "--opt.lr", "1", "--zzz.name", "x"]
+    with pytest.raises(ConfigError) as e:
+        parse_args(["--job.config_file", path, *cli])
+    assert str(e.value).splitlines() == [
+        f"{path}: unknown section [optimiser]; did you mean [optimizer]?",
+        "command line: --optimiser.lr, --optimiser.eps: unknown section [optimiser]; did you "
+        "mean [optimizer]?",
+        # no name close to 'opt': the section that holds its keys
+        "command line: --opt.lr: unknown section [opt]; did you mean [optimizer]?",
+        "command line: --zzz.name: unknown section [zzz]; sections: job, model, float8, "
+        "optimizer, lr_scheduler, training, metrics, parallelism, moe, checkpoint, "
+        "activation_checkpoint, compile, profiling, validation, debug, comm, resilience",
+    ]
+    assert preflight.main(["--job.config_file", path]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {path}: unknown section [optimiser]; did you mean [optimizer]?\n"
+    )
+
+
+def test_unknown_keys_of_known_and_old_sections_are_judged_one_by_one(tmp_path):
+    path = _toml(tmp_path, "[training]\nstepz = 1\n[experimental]\nnope = 1\n")
+    with pytest.raises(ConfigError) as e:
+        parse_args(["--job.config_file", path])
+    assert str(e.value).splitlines() == [
+        f"{path}: training.stepz: unknown key; did you mean 'training.steps'?",
+        f"{path}: experimental.nope: unknown key; see python train.py --help for the keys of "
+        "[experimental]",
+    ]
+
+
+def test_a_warmup_that_outlasts_training_is_one_warning(tmp_path, capsys):
+    from torchtitan import preflight
+    from torchtitan.lr_scheduling import lr_factor
+
+    path = _toml(
+        tmp_path, "[lr_scheduler]\nwarmup_steps = 10\ndecay_ratio = 0.5\n[training]\nsteps = 10\n"
+    )
+    cfg = parse_args(["--job.config_file", path])
+    assert cfg.warnings == [
+        f"{path}: lr_scheduler.warmup_steps: 10 warm-up steps, but training.steps is 10: the "
+        "whole run is warm-up, the learning rate rising to 91% of optimizer.lr at the last "
+        "step, never reaching it or decaying; make warmup_steps smaller than training.steps"
+    ]
+    assert max(lr_factor(s, total_steps=10, cfg=cfg.lr_scheduler) for s in range(1, 11)) < 1
+    assert preflight.main(["--job.config_file", path]) == 0
+    assert capsys.readouterr().err == f"warning: {cfg.warnings[0]}\n"
+    # one step more, or a schedule that ends sooner: the peak is reached, nothing is said (with
+    # decay_ratio < 1: a stable phase, at the peak, follows the warm-up)
+    for extra in (["--training.steps", "11"], ["--lr_scheduler.total_steps", "9"]):
+        cfg = parse_args(["--job.config_file", path, *extra])
+        steps = cfg.training.steps
+        total = cfg.lr_scheduler.total_steps or steps
+        assert (
+            max(lr_factor(s, total_steps=total, cfg=cfg.lr_scheduler) for s in range(1, steps + 1))
+            == 1
+        )
+        assert cfg.warnings == []
+    cfg = parse_args(["--model.tokenizer_path", TOKENIZER, "--training.steps", "50"])
+    assert cfg.warnings == [
+        "lr_scheduler.warmup_steps (default): 200 warm-up steps, but training.steps is 50: the "
+        "whole run is warm-up, the learning rate rising to 98% of optimizer.lr at the last "
+        "step, never reaching it or decaying; make warmup_steps smaller than training.steps"
+    ]
+
+
 @pytest.mark.parametrize(
     "path", sorted((ROOT / "train_configs").glob("*.toml")), ids=lambda p: p.name
 )
@@ -219,6 +290,7 @@ def test_every_shipped_config_passes_preflight(path):
     kind = "sentencepiece" if "llama2" in path.name else "tiktoken"
     tok = str(TOKENIZER_ASSETS / f"{kind}.model")
     cfg = parse_args(["--job.config_file", str(path), "--model.tokenizer_path", tok])
+    assert cfg.warnings == []
     # The smallest world each config is written for: 8 GPUs, or nodes of them for TP x FSDP (x PP)
     world = {"llama3_70b.toml": 64, "llama2_70b.toml": 64, "llama3_405b.toml": 256,
              "qwen3_moe_30b_a3b.toml": 16, "qwen3_moe_235b_a22b.toml": 128,

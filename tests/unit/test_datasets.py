@@ -10,6 +10,8 @@ import gzip
 import io
 import json
 import logging
+import socket
+import time
 from pathlib import Path
 
 import datasets
@@ -706,6 +708,155 @@ def test_streamed_data_with_fewer_rows_than_shards(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(3))
     with pytest.raises(DataError, match=r"virtual shard 3 \(of 4\) has no rows.*global_batch_size"):
         next(iter(build(path, local_batch_size=4, streaming=True)))
+
+
+# ---- data errors: named as precisely as config errors, found while the data is built
+
+
+def _jsonl_with(path: Path, bad: bytes, at: int = 301, rows: int = 310) -> Path:
+    """JSON lines whose line ``at`` (1-based) is ``bad``."""
+    lines = [json.dumps({"text": f"doc {i} " * 5}).encode() for i in range(rows)]
+    lines[at - 1] = bad
+    with (gzip.open if path.name.endswith(".gz") else open)(path, "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+    return path
+
+
+BAD_LINES = [
+    (
+        "d.jsonl",
+        b'{"text": "cut short',
+        "not valid JSON: Unterminated string starting at column 10",
+    ),
+    ("d.jsonl.gz", b'{"text": "a", "id": }', "not valid JSON: Expecting value at column 21"),
+    ("d.jsonl", b"[1, 2]", "a JSON list, not an object"),
+    ("d.jsonl", b'{"text": "a"} x', "not valid JSON: Extra data at column 15"),
+]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+@pytest.mark.parametrize("name, bad, why", BAD_LINES, ids=["cut", "gz", "list", "extra"])
+def test_a_malformed_json_line_is_named_by_file_and_line(tmp_path, name, bad, why, streaming):
+    path = _jsonl_with(tmp_path / name, bad)
+    with pytest.raises(DataError) as e:
+        build(path, streaming=streaming)
+    assert str(e.value) == (
+        f"training.dataset_path: '{path}' line 301 is {why}; fix or remove that line"
+    )
+
+
+def test_a_malformed_json_document_is_named_by_line(tmp_path):
+    rows = [json.dumps({"text": f"doc {i}"}) + "," for i in range(40)]
+    rows[29] = '{"text": "doc 29" "id": 3},'
+    path = tmp_path / "d.json"
+    path.write_text("\n".join(["[", *rows, '{"text": "last"}', "]"]) + "\n")
+    with pytest.raises(DataError) as e:
+        build(path)
+    assert str(e.value) == (
+        f"training.dataset_path: '{path}' line 31 is not valid JSON: Expecting ',' delimiter at "
+        "column 19; fix or remove that line"
+    )
+
+
+def test_a_bad_line_met_part_way_through_a_stream_is_named(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", make_docs(20))
+    _jsonl_with(folder / "b.jsonl", b"{oops}", at=5, rows=8)
+    loader = build(folder, streaming=True, local_batch_size=1, infinite=False)  # a.jsonl reads
+    with pytest.raises(DataError) as e:
+        list(loader)
+    assert str(e.value) == (
+        f"training.dataset_path: '{folder / 'b.jsonl'}' line 5 is not valid JSON: Expecting "
+        "property name enclosed in double quotes at column 2; fix or remove that line"
+    )
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+@pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
+def test_a_wrong_text_field_or_type_stops_while_the_data_is_built(tmp_path, streaming, shuffle):
+    """The loader is not returned (train.py builds the model after it): the line reading the
+    first row gives."""
+    path = write_jsonl(tmp_path / "d.jsonl", make_docs(6), field="content")
+    with pytest.raises(DataError) as e:
+        build(path, streaming=streaming, shuffle=shuffle)
+    assert str(e.value) == (
+        f"dataset '{path}': row 0 of virtual shard 0 (of 2) has no field 'text' (missing or "
+        "null); the row has fields ['content', 'id']; set training.dataset_text_field to the "
+        "field that holds the text"
+    )
+    path = write_rows(tmp_path / "n.jsonl", [{"text": 5 + i, "id": i} for i in range(6)])
+    with pytest.raises(DataError) as e:
+        build(path, streaming=streaming, shuffle=shuffle)
+    first = e.value.args[0].split(" holds int ")[1].split(",")[0]
+    assert str(e.value) == (
+        f"dataset '{path}': row 0 of virtual shard 0 (of 2) field 'text' holds int {first}, not "
+        "a string (or a list of integer token ids); the row has fields ['id', 'text']; set "
+        "training.dataset_text_field to the field that holds the text"
+    )
+    assert first == "5" or shuffle  # shuffled: the first row of the epoch's permutation
+
+
+def test_an_empty_stream_stops_while_the_data_is_built(tmp_path):
+    datasets.Dataset.from_dict({"text": []}).to_parquet(str(tmp_path / "e.parquet"))
+    with pytest.raises(DataError) as e:
+        build(tmp_path / "e.parquet", streaming=True)
+    assert str(e.value) == (
+        f"dataset '{tmp_path / 'e.parquet'}': virtual shard 0 (of 2) has no rows; use a larger "
+        "dataset or a smaller training.global_batch_size (one virtual shard per sequence of the "
+        "global batch)"
+    )
+
+
+@pytest.fixture()
+def closed_port():
+    """A local port bound but never listening: a connection to it is refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("offline", [False, True], ids=["unreachable", "HF_HUB_OFFLINE"])
+def test_an_unusable_hub_fails_in_seconds_in_one_line(monkeypatch, closed_port, offline):
+    """The default validation set with no network: one line naming the key and a local
+    alternative, in seconds, not after a minute of retries."""
+    import huggingface_hub.constants
+
+    endpoint = f"http://127.0.0.1:{closed_port}"
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
+    if not offline:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        build_hf_dataloader(dataset="c4_validation", dataset_path=None, tokenizer=TOK,
+                            local_batch_size=1, seq_len=4, split="validation",
+                            section="validation", infinite=False)  # fmt: skip
+    assert time.monotonic() - start < 10
+    why = "HF_HUB_OFFLINE is set" if offline else f"no answer from {endpoint}: Connection refused"
+    assert str(e.value) == (
+        "validation.dataset: 'c4_validation' is allenai/c4 (config en, split validation) on the "
+        f"Hugging Face Hub, which cannot be used here ({why}) and is not in the datasets cache; "
+        "set validation.dataset_path to a local copy (a .jsonl, .parquet or .txt file, or a "
+        "folder of them), or validation.dataset = 'python_docs'"
+    )
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is offline  # offline mode was put back
+
+
+def test_a_hub_that_never_answers_counts_as_unreachable(monkeypatch):
+    import huggingface_hub.constants
+
+    with socket.socket() as silent:  # accepts connections (the kernel does), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+        start = time.monotonic()
+        assert sources.hub_unreachable(timeout=0.5) == f"no answer from {endpoint}: timed out"
+        assert time.monotonic() - start < 2
 
 
 # ---- shuffling

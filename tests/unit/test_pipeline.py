@@ -43,18 +43,33 @@ def test_split_layers_even_then_extra_layers_first():
     assert split_layers(6, 4) == ((0, 1), (2, 3), (4,), (5,))
 
 
+def test_split_layers_counts_embedding_and_output_as_upstream_does():
+    # 6 blocks + 1 (embedding) + 1 (norm + output) = 8 counted layers
+    assert split_layers(6, 2, 1, 1) == ((0, 1, 2), (3, 4, 5))
+    assert split_layers(6, 4, 1, 1) == ((0,), (1, 2), (3, 4), (5,))
+    # 8 stages of one: the first holds only the embedding, the last only norm + output
+    assert split_layers(6, 8, 1, 1) == ((), (0,), (1,), (2,), (3,), (4,), (5,), ())
+    assert split_layers(7, 3, 1, 1) == ((0, 1), (2, 3, 4), (5, 6))
+    assert split_layers(32, 4, 1, 1) == (tuple(range(8)), tuple(range(8, 17)),
+                                         tuple(range(17, 25)), tuple(range(25, 32)))  # fmt: skip
+    assert split_layers(6, 1, 1, 1) == (tuple(range(6)),)
+    with pytest.raises(ValueError):
+        split_layers(6, 4, 3, 0)  # a stage holds 2 counted layers, the embedding counts as 3
+
+
 @pytest.mark.parametrize(
     "schedule, pp, layers_per_stage, stages_per_rank",
     [
         ("1F1B", 2, None, [[0], [1]]),
         ("gpipe", 3, None, [[0], [1], [2]]),
-        ("GPipe", 2, 3, [[0], [1]]),
+        ("GPipe", 2, 4, [[0], [1]]),  # upstream's pp_dp_1f1b: ceil(8 / 4) = 2 stages
         ("Interleaved1F1B", 2, None, [[0, 2], [1, 3]]),
-        ("interleaved1f1b", 2, 1, [[0, 2, 4], [1, 3, 5]]),
-        ("LoopedBFS", 3, 1, [[0, 3], [1, 4], [2, 5]]),
-        ("InterleavedZeroBubble", 2, None, [[0, 2], [1, 3]]),
+        ("Interleaved1F1B", 4, None, [[0, 4], [1, 5], [2, 6], [3, 7]]),  # upstream's PP 4 case
+        ("interleaved1f1b", 2, 1, [[0, 2, 4, 6], [1, 3, 5, 7]]),
+        ("LoopedBFS", 2, 2, [[0, 2], [1, 3]]),
+        ("InterleavedZeroBubble", 4, None, [[0, 4], [1, 5], [2, 6], [3, 7]]),
         ("ZBVZeroBubble", 2, None, [[0, 3], [1, 2]]),
-        ("DualPipeV", 3, 1, [[0, 5], [1, 4], [2, 3]]),
+        ("DualPipeV", 4, 1, [[0, 7], [1, 6], [2, 5], [3, 4]]),
     ],
 )
 def test_stages_per_rank(schedule, pp, layers_per_stage, stages_per_rank):
@@ -77,12 +92,24 @@ def test_plan_layout_microbatches_and_log_line():
         "--parallelism.pipeline_parallel_microbatch_size",
         "2",
     )
-    assert plan.stage_layers == ((0, 1), (2, 3), (4,), (5,))
+    assert plan.stage_layers == ((0,), (1, 2), (3, 4), (5,))
     assert (plan.microbatch_size, plan.n_microbatches) == (2, 4)
     text = plan.describe()
     assert text.startswith("Pipeline schedule Interleaved1F1B: 4 stages on pp=2 ranks")
-    assert "stage 0 (pp rank 0): tok_embeddings + layers 0-1" in text
+    assert "stage 0 (pp rank 0): tok_embeddings + layer 0;" in text
     assert "stage 3 (pp rank 1): layer 5 + norm + output" in text
+    # without counting the embedding and the output (0, 0): the blocks alone split evenly
+    even = _plan("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
+                 f"--{_KEY}first_stage_less_layers", "0", f"--{_KEY}last_stage_less_layers", "0")  # fmt: skip
+    assert even.stage_layers == ((0, 1), (2, 3), (4,), (5,))
+
+
+def test_upstream_pp4_interleaved_split_has_embedding_and_output_only_stages():
+    plan = _plan("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B", pp=4)
+    assert plan.stage_layers == ((), (0,), (1,), (2,), (3,), (4,), (5,), ())
+    text = plan.describe()
+    assert "stage 0 (pp rank 0): tok_embeddings;" in text
+    assert text.endswith("stage 7 (pp rank 3): norm + output")
 
 
 _KEY = "parallelism.pipeline_parallel_"
@@ -97,32 +124,47 @@ _KEY = "parallelism.pipeline_parallel_"
             f"{_KEY}schedule: unknown schedule 'ZigZag'; valid: GPipe, 1F1B, Interleaved1F1B",
         ),
         (
-            [f"--{_KEY}layers_per_stage", "4"],
+            [f"--{_KEY}layers_per_stage", "3"],
             {},
-            f"{_KEY}layers_per_stage: 4 does not divide the model's 6 layers into a multiple of "
-            "pipeline_parallel_degree=2 stages",
+            f"{_KEY}layers_per_stage: 3 makes 3 stages of the model's 8 layers as stages count "
+            "them (6 + 1 for the embedding + 1 for norm + output), but the 1F1B schedule runs "
+            "exactly one stage per rank on pipeline_parallel_degree=2 ranks (2 stages); use 4",
         ),
         (
-            [f"--{_KEY}layers_per_stage", "3"],
-            {"pp": 3},
-            f"{_KEY}layers_per_stage: 3 does not divide the model's 6 layers",
+            [f"--{_KEY}layers_per_stage", "3", f"--{_KEY}schedule", "Interleaved1F1B"],
+            {},
+            "the Interleaved1F1B schedule runs stages per rank on pipeline_parallel_degree=2 "
+            "ranks (4 stages); use a size that gives a multiple of it",
         ),
         (
             [f"--{_KEY}layers_per_stage", "1"],
             {},
-            f"{_KEY}layers_per_stage: 1 makes 6 stages, but the 1F1B schedule runs exactly one "
-            "stage per rank",
+            f"{_KEY}layers_per_stage: 1 makes 8 stages of the model's 8 layers",
         ),
         (
             [f"--{_KEY}layers_per_stage", "1", f"--{_KEY}schedule", "ZBVZeroBubble"],
             {},
-            "the ZBVZeroBubble schedule runs exactly two stages per rank (4 stages)",
+            "the ZBVZeroBubble schedule runs exactly two stages per rank on "
+            "pipeline_parallel_degree=2 ranks (4 stages); use 2",
         ),
         (
             [f"--{_KEY}schedule", "Interleaved1F1B"],
-            {"pp": 4},
-            f"{_KEY}degree: 4 with the Interleaved1F1B schedule needs 8 stages (2 per rank), "
-            "more than the model's 6 layers",
+            {"pp": 5},
+            f"{_KEY}degree: 5 with the Interleaved1F1B schedule needs 10 stages (2 per rank), "
+            "more than the model's 8 layers as stages count them (6 + 1 for the embedding + 1 "
+            "for norm + output)",
+        ),
+        (
+            [f"--{_KEY}schedule", "Interleaved1F1B", f"--{_KEY}first_stage_less_layers", "3"],
+            {},
+            f"{_KEY}first_stage_less_layers: 3 is more than the 2 counted layers each of the 4 "
+            "stages holds; use at most 2",
+        ),
+        (
+            [f"--{_KEY}schedule", "PipelineScheduleMulti"],
+            {},
+            f"{_KEY}schedule: PipelineScheduleMulti runs the order of a CSV file; set "
+            f"{_KEY}schedule_csv",
         ),
         (
             [f"--{_KEY}microbatch_size", "3"],
@@ -183,13 +225,13 @@ def test_preflight_plans_the_pipeline():
     assert plan.dims.pp == 2 and plan.dims.dp_shard == 2
     assert plan.pipeline is not None and plan.pipeline.num_stages == 2
     assert plan_job(_job(), world_size=2).pipeline is None
-    with pytest.raises(ConfigError, match="pipeline_parallel_layers_per_stage: 4 does not"):
+    with pytest.raises(ConfigError, match="pipeline_parallel_layers_per_stage: 3 makes 3 stages"):
         plan_job(
             _job(
                 "--parallelism.pipeline_parallel_degree",
                 "2",
                 "--parallelism.pipeline_parallel_layers_per_stage",
-                "4",
+                "3",
             ),
             world_size=2,
         )
@@ -202,10 +244,12 @@ def _materialize(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("schedule", ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
-def test_stages_keep_names_weights_and_compose_to_the_full_model(schedule):
+@pytest.mark.parametrize(
+    "schedule, pp", [("1F1B", 2), ("Interleaved1F1B", 2), ("ZBVZeroBubble", 2), ("LoopedBFS", 4)]
+)
+def test_stages_keep_names_weights_and_compose_to_the_full_model(schedule, pp):
     args = ModelArgs(dim=32, n_layers=6, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
-    plan = _plan("--parallelism.pipeline_parallel_schedule", schedule, model_args=args)
+    plan = _plan("--parallelism.pipeline_parallel_schedule", schedule, model_args=args, pp=pp)
     with torch.device("meta"):
         full = Transformer(args)
     stages = {}

@@ -4,6 +4,7 @@ tests/e2e/test_tokenizer.py)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import shutil
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from download_scripts import SECRET, load_download_script
-from repo_paths import SENTENCEPIECE_PATH, TIKTOKEN_PATH, TOKENIZER_ASSETS, load_script
+from repo_paths import ROOT, SENTENCEPIECE_PATH, TIKTOKEN_PATH, TOKENIZER_ASSETS, load_script
 
 from torchtitan.datasets.tokenizer import (
     MAX_RUN_CHARS,
@@ -23,6 +24,7 @@ from torchtitan.datasets.tokenizer import (
     _split_long_runs,
     build_tokenizer,
     llama3_special_tokens,
+    read_tiktoken_ranks,
 )
 from torchtitan.errors import ConfigError
 
@@ -254,6 +256,55 @@ def test_error_malformed_bpe_file(tmp_path):
     assert "tiktoken" in message
 
 
+def test_error_bpe_line_past_the_sniffed_start_is_named(tmp_path):
+    # the start reads as a BPE file; line 8001, far past the sniffed bytes, does not
+    lines = [base64.b64encode(b"tok%05d" % i) + b" %d" % i for i in range(8000)]
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(b"\n".join([*lines, b"dG9r 8000 extra"]) + b"\n")
+    assert "line 8001 'dG9r 8000 extra' is not '<base64 token> <rank>'" in _assert_config_error(
+        path
+    )
+
+
+def _write_ranks(path: Path, ranks: dict[bytes, int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in ranks.items()))
+
+
+def test_tiktoken_file_is_read_from_disk_not_from_a_cache(tmp_path, monkeypatch):
+    """Two checkouts hold different files at one relative path: each load reads its own file, as
+    the fingerprint does (tiktoken's caching loader returned the first one read at that path)."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken_cache"))
+    full = read_tiktoken_ranks(TIKTOKEN_PATH)
+    small = {t: r for t, r in full.items() if r < 1000}  # merges of lower ranks: a valid BPE
+    _write_ranks(tmp_path / "one" / "tok" / "tokenizer.model", full)
+    _write_ranks(tmp_path / "two" / "tok" / "tokenizer.model", small)
+    seen = {}
+    for checkout in ("one", "two", "one"):
+        monkeypatch.chdir(tmp_path / checkout)
+        tok = build_tokenizer("tok/tokenizer.model")
+        digest = hashlib.sha256(Path("tok/tokenizer.model").read_bytes()).hexdigest()
+        assert tok.fingerprint()["sha256"] == digest
+        seen.setdefault(checkout, []).append(
+            (tok.n_words, tok.encode(TEXTS["code"], bos=False, eos=False))
+        )
+    assert seen["one"][0][0] == 2000 + 256 and seen["two"][0][0] == 1000 + 256
+    assert seen["one"][0] == seen["one"][1]
+    assert max(seen["two"][0][1]) < 1000 < max(seen["one"][0][1])
+
+
+def test_no_code_reads_tokenizers_through_tiktokens_cache():
+    """tiktoken.load.load_tiktoken_bpe caches by path string; the library and scripts read the
+    file themselves (read_tiktoken_ranks)."""
+    users = [
+        str(p.relative_to(ROOT))
+        for folder in ("torchtitan", "scripts", "benchmarks")
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        if "load_tiktoken_bpe(" in p.read_text(encoding="utf-8")
+    ]
+    assert users == []
+
+
 @pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root can read any file"
 )
@@ -290,9 +341,7 @@ def build_script():
 
 
 def test_tiktoken_asset_ranks(tt):
-    from tiktoken.load import load_tiktoken_bpe
-
-    ranks = load_tiktoken_bpe(str(TIKTOKEN_PATH))
+    ranks = read_tiktoken_ranks(TIKTOKEN_PATH)
     assert sorted(ranks.values()) == list(range(2000))
     for b in range(256):
         assert ranks[bytes([b])] == b

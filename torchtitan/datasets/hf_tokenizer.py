@@ -1,10 +1,11 @@
 """Tokenizer files that ``transformers``' ``AutoTokenizer`` loads, written next to an export.
 
-* Llama 3 (tiktoken BPE): ``tokenizer.json`` in the ``tokenizers`` format: the Llama 3 split
-  regex, byte-level mapping, a BPE model whose vocabulary is the tiktoken ranks and whose merges
-  are every ``(left, right)`` pair of tokens that concatenate to a token, ordered by that token's
-  rank (so the pair merged first is the one tiktoken merges first), then the special tokens and a
-  template that puts ``<|begin_of_text|>`` first.
+* Llama 3 (tiktoken BPE): ``tokenizer.json`` in the ``tokenizers`` format: the file's split
+  regex (Llama 3's, or Llama 4's for its 200,000 ranks), byte-level mapping, a BPE model whose
+  vocabulary is the tiktoken ranks and whose merges are every ``(left, right)`` pair of tokens
+  that concatenate to a token, ordered by that token's rank (so the pair merged first is the one
+  tiktoken merges first), then the special tokens and a template that puts
+  ``<|begin_of_text|>`` first.
 * Llama 2 (SentencePiece): the ``tokenizer.model`` file itself, with a ``tokenizer_config.json``
   naming ``LlamaTokenizer``.
 * A Hugging Face ``tokenizer.json`` (``HuggingFaceTokenizer``): the file itself, with the
@@ -25,11 +26,11 @@ from torchtitan.datasets.tokenizer import (
     HF_SPECIAL_TOKENS_MAP,
     HF_TOKENIZER_CONFIG,
     HF_TOKENIZER_FILE,
-    LLAMA3_SPLIT_PATTERN,
     HuggingFaceTokenizer,
     SentencePieceTokenizer,
     TikTokenizer,
     Tokenizer,
+    read_tiktoken_ranks,
 )
 
 
@@ -63,9 +64,7 @@ def _merges(ranks: dict[bytes, int], text: Any) -> list[str]:
 
 
 def _tiktoken_json(tok: TikTokenizer) -> dict[str, Any]:
-    from tiktoken.load import load_tiktoken_bpe
-
-    ranks: dict[bytes, int] = load_tiktoken_bpe(tok.path)
+    ranks = read_tiktoken_ranks(tok.path)
     to_str = byte_to_unicode()
 
     def text(token: bytes) -> str:
@@ -95,7 +94,7 @@ def _tiktoken_json(tok: TikTokenizer) -> dict[str, Any]:
             "pretokenizers": [
                 {
                     "type": "Split",
-                    "pattern": {"Regex": LLAMA3_SPLIT_PATTERN},
+                    "pattern": {"Regex": tok.split_pattern},
                     "behavior": "Isolated",
                     "invert": False,
                 },

@@ -47,6 +47,7 @@ Checkpointing
 
 from __future__ import annotations
 
+import functools
 import json
 from array import array
 from collections.abc import Iterator, Sequence
@@ -66,7 +67,7 @@ from torchtitan.datasets.mixture import (
     parse_entries,
 )
 from torchtitan.datasets.reader import ShardReader, Tokenizer
-from torchtitan.datasets.sources import Source
+from torchtitan.datasets.sources import Source, read_error
 from torchtitan.datasets.token_windows import ShardPermutations, TokenWindows
 from torchtitan.errors import ConfigError, DataError
 from torchtitan.log import logger
@@ -138,7 +139,9 @@ class HFDataLoader:
         self._next_group = 0  # which local_batch_size block of this rank's rows reads next
 
     def _shard_readers(self, source: Source) -> list[ShardReader]:
-        """One reader per row of this rank: shard ``v`` of the text source's ``V`` shards."""
+        """One reader per row of this rank: shard ``v`` of the text source's ``V`` shards. The
+        first row they read is checked now, so that a wrong text field or an empty source stops
+        the run before the model is built."""
         ds = source.dataset
         from datasets import IterableDataset
         from datasets.distributed import split_dataset_by_node
@@ -159,7 +162,7 @@ class HFDataLoader:
         perms = None
         if self.shuffle and not streaming:  # each epoch's permutation of all rows, sliced by shard
             perms = ShardPermutations(len(ds), self.seed, self.virtual_shards)
-        return [
+        readers = [
             ShardReader(
                 ds
                 if perms is not None or self.virtual_shards == 1
@@ -178,9 +181,12 @@ class HFDataLoader:
                 infinite=self.infinite,
                 streaming=streaming,
                 first_on_rank=v == self.shards[0],
+                read_error=functools.partial(read_error, source),
             )  # fmt: skip
             for v in self.shards
         ]
+        readers[0].check_first_row()
+        return readers
 
     def restart(self) -> None:
         """Read from the beginning again (a validation pass that stopped part-way)."""
@@ -222,33 +228,31 @@ class HFDataLoader:
         return reader.next_window()
 
     def __iter__(self) -> Iterator[Batch]:
-        window = self.seq_len + 1
-        n = self.local_batch_size
-        groups = len(self.shards) // n
-        while True:
-            if self._next_group == 0:
-                self._step_start = self.blend.state()
-                self._plan = self.blend.take(self.virtual_shards)
-            g = self._next_group
-            rows = [self._window(j) for j in range(g * n, (g + 1) * n)]
-            if any(w is None for w in rows):
-                self.restart()
-                return
-            self._next_group = (g + 1) % groups
-            tokens = [w[0] for w in rows]  # type: ignore[index]
-            if all(isinstance(t, np.ndarray) for t in tokens):
-                chunk = torch.from_numpy(np.stack(tokens))  # type: ignore[arg-type]
-            else:
-                flat_rows = [int(t) for w in tokens for t in w]
-                # array -> tensor is several times faster than torch.tensor(list)
-                chunk = torch.frombuffer(array("q", flat_rows), dtype=torch.long).view(n, window)
-            starts = np.stack([w[1] for w in rows])  # type: ignore[index]
+        while (rows := self.next_rows()) is not None:
+            chunk, starts = stack_rows(rows, self.seq_len + 1)
             yield make_batch(chunk, starts, self.mask_document_starts)
+
+    def next_rows(self, positions: Sequence[int] | None = None) -> list[Any] | None:
+        """The next local batch's windows, ``(tokens, document starts)`` per row; with
+        ``positions``, only those rows of it (a data-loader worker's share: the other rows'
+        readers stay where they are). None when the pass is over (the loader then rewinds)."""
+        n = self.local_batch_size
+        if self._next_group == 0:
+            self._step_start = self.blend.state()
+            self._plan = self.blend.take(self.virtual_shards)
+        g = self._next_group
+        rows = [self._window(g * n + i) for i in (range(n) if positions is None else positions)]
+        if any(w is None for w in rows):
+            self.restart()
+            return None
+        self._next_group = (g + 1) % (len(self.shards) // n)
+        return rows
 
     # ---- checkpointing
 
-    def state_dict(self) -> dict[str, Any]:
-        """``{"virtual_shards": V, "shard_<v>": bytes, ...}`` (see the module docstring)."""
+    def state_dict(self, positions: Sequence[int] | None = None) -> dict[str, Any]:
+        """``{"virtual_shards": V, "shard_<v>": bytes, ...}`` (see the module docstring); with
+        ``positions``, only the shards of those rows of every local batch (a worker's share)."""
         state: dict[str, Any] = {"virtual_shards": self.virtual_shards}
         if self._saves_blend:
             blend = json.loads(self.blend.state() if self._next_group == 0 else self._step_start)
@@ -257,6 +261,8 @@ class HFDataLoader:
             state["blend"] = json.dumps(blend, separators=(",", ":")).encode()
         text = [i for i, s in enumerate(self.sources) if isinstance(s, Source)]
         for j, v in enumerate(self.shards):
+            if positions is not None and j % self.local_batch_size not in positions:
+                continue
             if len(text) == 1 and len(self.sources) == 1:
                 state[f"shard_{v}"] = self._readers[j][0].state()  # type: ignore[union-attr]
             elif text:
@@ -342,6 +348,18 @@ class HFDataLoader:
         self._step_start = self.blend.state()
         if self._next_group:  # saved inside a step: take its plan again
             self._plan = self.blend.take(self.virtual_shards)
+
+
+def stack_rows(rows: list[Any], window: int) -> tuple[torch.Tensor, np.ndarray]:
+    """``(tokens [n, window] int64, document starts [n, window])`` of ``next_rows``' windows."""
+    tokens = [w[0] for w in rows]
+    if all(isinstance(t, np.ndarray) for t in tokens):
+        chunk = torch.from_numpy(np.stack(tokens))
+    else:
+        flat_rows = [int(t) for w in tokens for t in w]
+        # array -> tensor is several times faster than torch.tensor(list)
+        chunk = torch.frombuffer(array("q", flat_rows), dtype=torch.long).view(len(rows), window)
+    return chunk, np.stack([w[1] for w in rows])
 
 
 def _label(source: Source | TokenWindows) -> str:

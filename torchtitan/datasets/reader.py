@@ -13,7 +13,9 @@ Bad rows
     this virtual shard, the field and the fields the row does have. Skipping such rows would hide a
     wrong ``training.dataset_text_field`` (every row would be skipped and the loader would spin
     forever) or a broken file; pretraining data is expected to be clean, and a clear stop is
-    cheaper than a silently different corpus.
+    cheaper than a silently different corpus. The loader reads each rank's first row when it is
+    built (:meth:`ShardReader.check_first_row`), so that a wrong field stops the run before the
+    model is built.
 
 Epochs
     In infinite mode a shard loops over its rows forever (the first shard of each rank logs a line
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -65,6 +67,8 @@ class ShardReader:
     ``virtual_shards``; ``first_on_rank`` marks the shard that logs epoch ends at INFO (the others
     log at DEBUG) and warns about a checkpoint saved for another dataset. ``window`` is
     ``seq_len + 1`` tokens; ``streaming`` says whether ``ds`` is an ``IterableDataset``.
+    ``read_error`` turns an error of the ``datasets`` reader part-way through a stream (a
+    malformed line of a JSON file) into the DataError to stop with.
     """
 
     def __init__(
@@ -83,6 +87,7 @@ class ShardReader:
         permutations: ShardPermutations | None = None,
         stream_shuffle: tuple[int, int] | None = None,
         shuffle_files: bool = False,
+        read_error: Callable[[Exception], DataError] | None = None,
     ) -> None:
         self.index = index
         self.virtual_shards = virtual_shards
@@ -93,6 +98,7 @@ class ShardReader:
         self.infinite = infinite
         self.streaming = streaming
         self.first_on_rank = first_on_rank
+        self._read_error = read_error
         self._ds = ds
         # Shuffled map-style data: ``ds`` is the whole dataset, each epoch's rows come from here.
         self._perms = permutations
@@ -183,7 +189,7 @@ class ShardReader:
             shuffle.reset(self.epoch)
         self._pending_hf_state = None
         field = self.text_field
-        for row in ds:
+        for row in self._rows(ds):
             text = row.get(field)
             if not isinstance(text, (str, list)):
                 raise self._bad_row(self.row, row)
@@ -194,6 +200,37 @@ class ShardReader:
         while shuffle is not None and shuffle.docs:  # the stream is done: empty the buffer
             self.row += 1
             yield shuffle.pop()
+
+    def _rows(self, ds: Any) -> Iterator[dict[str, Any]]:
+        """The rows of a stream; a file that cannot be read part-way is one DataError line."""
+        rows = iter(ds)
+        while True:
+            try:
+                row = next(rows, None)
+            except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
+                if self._read_error is None:
+                    raise
+                raise self._read_error(e) from None
+            if row is None:
+                return
+            yield row
+
+    def check_first_row(self) -> None:
+        """Read the row training reads first (the position does not move): a text field that
+        is missing or not text, or a shard without rows, stops here, before the model is
+        built, with the line that reading it would give."""
+        if self.streaming:
+            row = next(self._rows(self._ds), None)
+            if row is None:
+                self._end_of_rows()
+            elif not isinstance(row.get(self.text_field), (str, list)):
+                raise self._bad_row(0, row)
+            return
+        if self._len == 0:
+            self._end_of_rows()
+        first = 0 if self._perms is None else int(self._perms.rows(0, self.index)[0])
+        if self._texts is None or not isinstance(self._texts[first][self.text_field], str):
+            raise self._bad_row(0, self._ds[first])
 
     def _epoch_stream(self) -> Any:
         """The shard's stream for this epoch: with file shuffling, its files (``datasets``

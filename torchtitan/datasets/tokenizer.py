@@ -32,7 +32,10 @@ __all__ = [
     "tokenizer_source",
     "resolve_tokenizer_path",
     "LLAMA3_SPLIT_PATTERN",
+    "LLAMA4_SPLIT_PATTERN",
     "llama3_special_tokens",
+    "llama4_special_tokens",
+    "tiktoken_layout",
 ]
 
 # The Llama 3 pre-tokenizer: contractions, words (with one leading non-letter), numbers of up to
@@ -48,6 +51,25 @@ LLAMA3_SPLIT_PATTERN = (
 )
 
 NUM_SPECIAL_TOKENS = 256
+
+# Llama 4's tiktoken file (Meta's tokenizer.model of Llama-4-Scout / Maverick) holds 200,000 ranks,
+# followed by 2,048 special tokens (202,048 = the text_config.vocab_size of its config.json), and
+# splits text with an o200k-style pattern (words keep their case run and an optional contraction).
+# Source: meta-llama/llama-models, models/llama4/tokenizer.py (num_reserved_special_tokens = 2048,
+# O200K_PATTERN); <|begin_of_text|> and <|end_of_text|> are its first two special tokens.
+LLAMA4_BASE_RANKS = 200_000
+LLAMA4_NUM_SPECIAL_TOKENS = 2048
+LLAMA4_SPLIT_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*"
+    r"|\s*[\r\n]+"
+    r"|\s+(?!\S)"
+    r"|\s+"
+)
 
 # tiktoken gets very slow (quadratic) on huge pieces and its regex on huge whitespace runs, so
 # encode() works on chunks of at most this many characters ...
@@ -81,6 +103,33 @@ def llama3_special_tokens(num_special_tokens: int = NUM_SPECIAL_TOKENS) -> list[
         f"<|reserved_special_token_{2 + i}|>" for i in range(num_special_tokens - len(named))
     ]
     return named + reserved
+
+
+def llama4_special_tokens() -> list[str]:
+    """Llama 4's 2,048 special tokens in id order: BOS, EOS and the three fill-in-the-middle
+    tokens by their names; the other 2,043 (Meta names the chat, vision and reasoning tokens
+    among them, ids 200,005-201,143) are reserved placeholders here, as pretraining uses only
+    BOS and EOS."""
+    named = [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|fim_prefix|>",
+        "<|fim_middle|>",
+        "<|fim_suffix|>",
+    ]
+    reserved = [
+        f"<|reserved_special_token_{i}|>" for i in range(LLAMA4_NUM_SPECIAL_TOKENS - len(named))
+    ]
+    return named + reserved
+
+
+def tiktoken_layout(num_base: int) -> tuple[list[str], str]:
+    """The special tokens that follow a tiktoken file of ``num_base`` ranks, and its split
+    pattern: Llama 4's (2,048 tokens, the o200k-style pattern) after Llama 4's 200,000 ranks,
+    else Llama 3's (256 tokens; Llama 3's file has 128,000 ranks)."""
+    if num_base == LLAMA4_BASE_RANKS:
+        return llama4_special_tokens(), LLAMA4_SPLIT_PATTERN
+    return llama3_special_tokens(), LLAMA3_SPLIT_PATTERN
 
 
 class Tokenizer(ABC):
@@ -176,8 +225,35 @@ def _encode_chunks(text: str) -> Iterator[str]:
         yield from _split_long_runs(text[i : i + MAX_CHUNK_CHARS], MAX_RUN_CHARS)
 
 
+def read_tiktoken_ranks(path: str | os.PathLike) -> dict[bytes, int]:
+    """The mergeable ranks of a tiktoken BPE file (lines ``<base64 token> <rank>``), read from
+    the file itself. tiktoken's own ``load_tiktoken_bpe`` caches what it reads under a key made of
+    the path string, so a path that later holds another file would be read back stale.
+    ValueError naming the 1-based line of a malformed or repeated entry."""
+    with open(path, "rb") as f:
+        data = f.read()
+    ranks: dict[bytes, int] = {}
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
+        except (binascii.Error, ValueError):
+            shown = line[:60].decode("utf-8", "replace")
+            raise ValueError(f"line {n} {shown!r} is not '<base64 token> <rank>'") from None
+        if token in ranks:
+            raise ValueError(f"line {n}: token {token!r} is listed twice")
+        ranks[token] = rank
+    return ranks
+
+
 class TikTokenizer(Tokenizer):
-    """Llama 3 tokenizer: a tiktoken BPE file plus the 256 Llama 3 special tokens after it.
+    """Llama 3 tokenizer: a tiktoken BPE file plus the 256 Llama 3 special tokens after it; a
+    file of Llama 4's 200,000 ranks gets Llama 4's 2,048 and its split pattern
+    (:func:`tiktoken_layout`).
 
     Special-token text inside a document (``"<|end_of_text|>"``) is encoded as ordinary text, so
     data cannot inject control tokens; ``bos``/``eos`` are the only way to get them.
@@ -185,20 +261,18 @@ class TikTokenizer(Tokenizer):
 
     def __init__(self, path: str | os.PathLike):
         import tiktoken
-        from tiktoken.load import load_tiktoken_bpe
 
         self.path = os.fspath(path)
-        mergeable_ranks = load_tiktoken_bpe(self.path)
+        mergeable_ranks = read_tiktoken_ranks(self.path)
         num_base = len(mergeable_ranks)
         ranks = set(mergeable_ranks.values())
         if len(ranks) != num_base or min(ranks, default=0) != 0 or max(ranks) != num_base - 1:
             raise ValueError("ranks are not 0..N-1, each given to exactly one token")
-        self._special_tokens = {
-            token: num_base + i for i, token in enumerate(llama3_special_tokens())
-        }
+        special, self.split_pattern = tiktoken_layout(num_base)
+        self._special_tokens = {token: num_base + i for i, token in enumerate(special)}
         self._model = tiktoken.Encoding(
             name=os.path.basename(self.path),
-            pat_str=LLAMA3_SPLIT_PATTERN,
+            pat_str=self.split_pattern,
             mergeable_ranks=mergeable_ranks,
             special_tokens=self._special_tokens,
         )
@@ -264,8 +338,9 @@ class HuggingFaceTokenizer(Tokenizer):
     a missing pad is -1.
 
     ``n_words``: one more than the largest id (added tokens included), or the ``vocab_size`` of
-    the folder's ``config.json`` where that is larger (models pad their embedding), so that the
-    model built from it takes the folder's weights.
+    the folder's ``config.json`` (its ``text_config``'s in a multimodal one, as Llama 4's) where
+    that is larger (models pad their embedding), so that the model built from it takes the
+    folder's weights.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -292,7 +367,7 @@ class HuggingFaceTokenizer(Tokenizer):
             self._model.get_vocab_size(with_added_tokens=True),
             max(vocab.values(), default=-1) + 1,
         )
-        config_vocab = model_config.get("vocab_size")
+        config_vocab = _config_vocab_size(model_config)
         if isinstance(config_vocab, int) and not isinstance(config_vocab, bool):
             n_words = max(n_words, config_vocab)
         self._n_words = n_words
@@ -357,6 +432,15 @@ class HuggingFaceTokenizer(Tokenizer):
         # special tokens are kept and spaces are not "cleaned up": what transformers' decode gives
         # for a BPE tokenizer
         return self._model.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def _config_vocab_size(model_config: dict[str, Any]) -> Any:
+    """``vocab_size`` of a ``config.json``; a multimodal one (Llama 4's
+    ``Llama4ForConditionalGeneration``) keeps the language model's under ``text_config``."""
+    if "vocab_size" in model_config:
+        return model_config["vocab_size"]
+    text_config = model_config.get("text_config")
+    return text_config.get("vocab_size") if isinstance(text_config, dict) else None
 
 
 def _read_json_object(path: str) -> dict[str, Any]:

@@ -1,10 +1,16 @@
 """Pipeline parallelism for a decoder (any family), with ``torch.distributed.pipelining``.
 
 The model is cut between transformer blocks into stages. Stage 0 also holds the token embedding,
-the last stage the final norm and the output projection. Single-stage schedules (GPipe, 1F1B)
+the last stage the final norm and the output projection; as upstream torchtitan splits, the
+embedding counts as ``pipeline_parallel_first_stage_less_layers`` layers and norm + output as
+``pipeline_parallel_last_stage_less_layers`` (1 each by default), so a 6-layer model split into 8
+stages has an embedding-only first stage and a norm + output-only last one
+(:func:`split_layers`). Single-stage schedules (GPipe, 1F1B)
 give each pipeline rank one stage; looped multi-stage schedules (Interleaved1F1B, LoopedBFS,
 InterleavedZeroBubble) give rank ``r`` stages ``r, r + pp, r + 2 pp, ...``; V-shaped schedules
-(ZBVZeroBubble, DualPipeV) give rank ``r`` exactly stages ``r`` and ``2 pp - 1 - r``.
+(ZBVZeroBubble, DualPipeV) give rank ``r`` exactly stages ``r`` and ``2 pp - 1 - r``. A custom
+order of each rank's actions can come from a CSV file (``pipeline_parallel_schedule_csv``,
+torch's ``PipelineScheduleMulti._load_csv`` format; :func:`check_schedule_csv`).
 
 Three steps, each usable on its own:
 
@@ -30,6 +36,7 @@ of block-causal attention go to every stage as a keyword argument, split like th
 from __future__ import annotations
 
 import copy
+import csv
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +61,8 @@ SINGLE_STAGE = ("GPipe", "1F1B")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 SCHEDULES = SINGLE_STAGE + LOOPED + V_SHAPED
+# torch's base classes, named to run a CSV file's order on the single- or looped-stage layout
+CSV_ONLY = ("PipelineScheduleSingle", "PipelineScheduleMulti")
 # These split each backward into input and weight parts (torch.compile and per-op selective
 # activation checkpointing cannot run that).
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -66,6 +75,9 @@ _SCHEDULE = _P + "pipeline_parallel_schedule"
 _LPS = _P + "pipeline_parallel_layers_per_stage"
 _SPLIT = _P + "pipeline_parallel_split_points"
 _MBS = _P + "pipeline_parallel_microbatch_size"
+_FIRST = _P + "pipeline_parallel_first_stage_less_layers"
+_LAST = _P + "pipeline_parallel_last_stage_less_layers"
+_CSV = _P + "pipeline_parallel_schedule_csv"
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,7 @@ class PipelinePlan:
     stage_layers: tuple[tuple[int, ...], ...]  # stage index -> its transformer block ids
     microbatch_size: int
     n_microbatches: int
+    schedule_csv: str = ""  # each rank's actions in order (check_schedule_csv); "" = the schedule's
 
     @property
     def num_stages(self) -> int:
@@ -99,74 +112,118 @@ class PipelinePlan:
     def describe_stage(self, stage: int) -> str:
         layers = self.stage_layers[stage]
         parts = ["tok_embeddings"] if stage == 0 else []
-        parts.append(
-            f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
-        )
+        if layers:
+            parts.append(
+                f"layers {layers[0]}-{layers[-1]}" if len(layers) > 1 else f"layer {layers[0]}"
+            )
         if stage == self.num_stages - 1:
             parts.append("norm + output")
         return f"stage {stage} (pp rank {self.stage_rank(stage)}): " + " + ".join(parts)
 
     def describe(self) -> str:
+        order = f" in the order of {self.schedule_csv}" if self.schedule_csv else ""
         return (
-            f"Pipeline schedule {self.schedule}: {self.num_stages} stages on pp={self.pp} ranks, "
+            f"Pipeline schedule {self.schedule}{order}: {self.num_stages} stages on pp={self.pp} "
+            "ranks, "
             f"{self.n_microbatches} micro-batches of {self.microbatch_size}; "
             + "; ".join(self.describe_stage(s) for s in range(self.num_stages))
         )
 
 
-def canonical_schedule(name: str) -> str:
-    by_lower = {s.lower(): s for s in SCHEDULES}
-    if name.lower() not in by_lower:
+def canonical_schedule(name: str, csv: str = "") -> str:
+    """The schedule's canonical name; torch's base classes (CSV_ONLY) only with a CSV file."""
+    by_lower = {s.lower(): s for s in SCHEDULES + CSV_ONLY}
+    canonical = by_lower.get(name.lower())
+    if canonical is None:
         raise ConfigError(f"{_SCHEDULE}: unknown schedule '{name}'; valid: {', '.join(SCHEDULES)}")
-    return by_lower[name.lower()]
+    if canonical in CSV_ONLY and not csv:
+        raise ConfigError(
+            f"{_SCHEDULE}: {canonical} runs the order of a CSV file; set {_CSV}, or name a "
+            f"schedule: {', '.join(SCHEDULES)}"
+        )
+    return canonical
 
 
-def split_layers(n_layers: int, num_stages: int) -> tuple[tuple[int, ...], ...]:
-    """Consecutive layer ids per stage, as even as possible; earlier stages get the extra ones."""
-    base, extra = divmod(n_layers, num_stages)
+def split_layers(
+    n_layers: int, num_stages: int, first_less: int = 0, last_less: int = 0
+) -> tuple[tuple[int, ...], ...]:
+    """Consecutive layer ids per stage. As upstream torchtitan splits, the embedding counts as
+    ``first_less`` layers and norm + output as ``last_less``: the ``n_layers + first_less +
+    last_less`` counted layers are split as evenly as possible (earlier stages get the extra
+    ones), and the first and last stages hold that many fewer transformer blocks (none, when
+    that is all they count). (0, 0): the blocks alone, split evenly."""
+    counted = n_layers + first_less + last_less
+    base, extra = divmod(counted, num_stages)
+    if num_stages > 1 and (base < first_less or base < last_less):
+        raise ValueError(f"{num_stages} stages of {counted} counted layers leave {base} a stage")
     stages, start = [], 0
     for s in range(num_stages):
         size = base + (1 if s < extra else 0)
+        size -= (first_less if s == 0 else 0) + (last_less if s == num_stages - 1 else 0)
         stages.append(tuple(range(start, start + size)))
         start += size
     return tuple(stages)
 
 
-def _num_stages(schedule: str, pp: int, n_layers: int, layers_per_stage: int | None) -> int:
+def _stages_per_rank(schedule: str) -> int | None:
+    """Stages every rank runs: 1 (single-stage), 2 (V-shaped), None (looped: any, at least 2)."""
+    if schedule in (*SINGLE_STAGE, "PipelineScheduleSingle"):
+        return 1
+    return 2 if schedule in V_SHAPED else None
+
+
+def _num_stages(
+    schedule: str, pp: int, n_layers: int, layers_per_stage: int | None, first: int, last: int
+) -> int:
+    """How many stages, as upstream counts them: the model's layers plus ``first`` for the
+    embedding and ``last`` for norm + output; ``layers_per_stage`` of those per stage (rounded
+    up), else one stage per rank (single-stage schedules) or two."""
+    counted = n_layers + first + last
+    what = (
+        f"{counted} layers as stages count them ({n_layers} + {first} for the embedding + "
+        f"{last} for norm + output)"
+    )
+    per_rank = _stages_per_rank(schedule)
     if layers_per_stage is None:
-        num_stages = pp if schedule in SINGLE_STAGE else 2 * pp
-        if num_stages > n_layers:
+        num_stages = pp * (per_rank or 2)
+        if num_stages > counted:
             raise ConfigError(
                 f"{_DEGREE}: {pp} with the {schedule} schedule needs {num_stages} stages "
-                f"({num_stages // pp} per rank), more than the model's {n_layers} layers; "
-                f"use a smaller degree or a single-stage schedule (GPipe, 1F1B)"
+                f"({num_stages // pp} per rank), more than the model's {what}; use a smaller "
+                f"degree or a single-stage schedule (GPipe, 1F1B)"
             )
-        return num_stages
-    if layers_per_stage < 1:
-        raise ConfigError(f"{_LPS}: {layers_per_stage} must be >= 1 (or unset for an even split)")
-    if n_layers % layers_per_stage or (n_layers // layers_per_stage) % pp:
+    else:
+        num_stages = _stages_of_size(schedule, pp, counted, layers_per_stage, what, per_rank)
+    base = counted // num_stages
+    if num_stages > 1 and max(first, last) > base:
+        key, value = (_FIRST, first) if first > base else (_LAST, last)
         raise ConfigError(
-            f"{_LPS}: {layers_per_stage} does not divide the model's {n_layers} layers into a "
-            f"multiple of pipeline_parallel_degree={pp} stages; use a divisor of {n_layers} "
-            f"that leaves a multiple of {pp} stages, or leave it unset for an even split"
-        )
-    num_stages = n_layers // layers_per_stage
-    per_rank = num_stages // pp
-    if schedule in SINGLE_STAGE and per_rank != 1:
-        raise ConfigError(
-            f"{_LPS}: {layers_per_stage} makes {num_stages} stages, but the {schedule} schedule "
-            f"runs exactly one stage per rank ({pp} stages of {n_layers // pp} layers); use "
-            f"{n_layers // pp} or a multi-stage schedule ({', '.join(LOOPED + V_SHAPED)})"
-        )
-    if schedule in V_SHAPED and per_rank != 2:
-        fix = "leave it unset for an even split"
-        if n_layers % (2 * pp) == 0:
-            fix = f"use {n_layers // (2 * pp)} or " + fix
-        raise ConfigError(
-            f"{_LPS}: {layers_per_stage} makes {num_stages} stages, but the {schedule} schedule "
-            f"runs exactly two stages per rank ({2 * pp} stages); {fix}"
+            f"{key}: {value} is more than the {base} counted layers each of the {num_stages} "
+            f"stages holds; use at most {base}"
         )
     return num_stages
+
+
+def _stages_of_size(
+    schedule: str, pp: int, counted: int, size: int, what: str, per_rank: int | None
+) -> int:
+    """Stages of ``size`` counted layers each (``pipeline_parallel_layers_per_stage``)."""
+    if size < 1:
+        raise ConfigError(f"{_LPS}: {size} must be >= 1 (or unset for an even split)")
+    num_stages = -(-counted // size)
+    want = per_rank or max(2, num_stages // pp)
+    if num_stages == pp * want:
+        return num_stages
+    fits = [n for n in range(1, counted + 1) if -(-counted // n) == pp * want]
+    fix = f"use {fits[0]} or leave it unset" if fits else "leave it unset"
+    if per_rank is None:  # looped: any multiple of pp, at least 2 per rank
+        fix = "use a size that gives a multiple of it (at least two per rank), or leave it unset"
+    layout = {1: "exactly one stage", 2: "exactly two stages"}.get(per_rank or 0, "stages")
+    raise ConfigError(
+        f"{_LPS}: {size} makes {num_stages} stages of the model's {what}, but the {schedule} "
+        f"schedule runs {layout} per rank on pipeline_parallel_degree={pp} ranks "
+        f"({pp * want} stages); {fix}"
+    )
 
 
 def _check_microbatches(schedule: str, local_batch: int, mbs: int, num_stages: int, pp: int) -> int:
@@ -193,19 +250,25 @@ def _check_microbatches(schedule: str, local_batch: int, mbs: int, num_stages: i
     return n
 
 
-def _check_composes(job_config: Any, schedule: str, dims: Any) -> None:
-    """Combinations with the other features that cannot work (one-line errors)."""
-    if schedule not in ZERO_BUBBLE:
+def _check_composes(job_config: Any, schedule: str, key: str = _SCHEDULE) -> None:
+    """Combinations with the other features that cannot work (one-line errors). ``key``: where
+    the split backward comes from (the schedule, or a CSV file's I/W actions)."""
+    if schedule not in ZERO_BUBBLE and key == _SCHEDULE:
         return
+    what = (
+        schedule
+        if key == _SCHEDULE
+        else f"'{job_config.parallelism.pipeline_parallel_schedule_csv}'"
+    )
     if job_config.compile.enable:  # compiled blocks fail; a compiled loss alone is untested
         raise ConfigError(
-            f"{_SCHEDULE}: {schedule} splits backward into input and weight parts, which "
+            f"{key}: {what} splits backward into input and weight parts, which "
             f"torch.compile does not support; turn compile.enable off or use another schedule"
         )
     ac = job_config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option == "op":
         raise ConfigError(
-            f"{_SCHEDULE}: {schedule} splits backward into input and weight parts, which "
+            f"{key}: {what} splits backward into input and weight parts, which "
             f"per-op selective activation checkpointing cannot replay twice; use "
             f"activation_checkpoint.mode full, a layer interval, or another schedule"
         )
@@ -216,7 +279,8 @@ def check_pipeline_config(job_config: Any, model_args: Any, dims: Any) -> Pipeli
     ``ParallelDims``): the plan, or a one-line ConfigError naming the key."""
     p = job_config.parallelism
     pp = dims.pp
-    schedule = canonical_schedule(p.pipeline_parallel_schedule)
+    csv_path = p.pipeline_parallel_schedule_csv
+    schedule = canonical_schedule(p.pipeline_parallel_schedule, csv_path)
     n_layers = model_args.n_layers
     if getattr(model_args, "tie_word_embeddings", False):
         raise ConfigError(
@@ -226,18 +290,108 @@ def check_pipeline_config(job_config: Any, model_args: Any, dims: Any) -> Pipeli
         )
     if pp > n_layers:
         raise ConfigError(f"{_DEGREE}: {pp} exceeds the model's {n_layers} layers")
-    _check_composes(job_config, schedule, dims)
+    _check_composes(job_config, schedule)
     if p.pipeline_parallel_split_points:
         stage_layers = _stages_at(p.pipeline_parallel_split_points, n_layers, schedule, pp)
         if p.pipeline_parallel_layers_per_stage is not None:
             raise ConfigError(f"{_LPS}: give it or {_SPLIT}, not both")
     else:
-        num = _num_stages(schedule, pp, n_layers, p.pipeline_parallel_layers_per_stage)
-        stage_layers = split_layers(n_layers, num)
+        first = p.pipeline_parallel_first_stage_less_layers
+        last = p.pipeline_parallel_last_stage_less_layers
+        lps = p.pipeline_parallel_layers_per_stage
+        num = _num_stages(schedule, pp, n_layers, lps, first, last)
+        stage_layers = split_layers(n_layers, num, first, last)
     mbs = p.pipeline_parallel_microbatch_size
     local = job_config.training.local_batch_size
     n_mb = _check_microbatches(schedule, local, mbs, len(stage_layers), pp)
-    return PipelinePlan(schedule, pp, stage_layers, mbs, n_mb)
+    plan = PipelinePlan(schedule, pp, stage_layers, mbs, n_mb, csv_path)
+    if csv_path and check_schedule_csv(plan):
+        _check_composes(job_config, schedule, key=_CSV)
+    return plan
+
+
+def check_schedule_csv(plan: PipelinePlan) -> bool:
+    """The plan's CSV file, checked against it (a one-line ConfigError naming the file on any
+    problem): one row per pipeline rank, each cell one action ``<stage><F|B|I|W><micro-batch>``
+    (``0F1``: stage 0's forward of micro-batch 1; F forward, B full backward, I and W backward's
+    input and weight halves) or empty (idle); every stage on the rank the schedule's layout gives
+    it, each of its micro-batches forward once and backward once (B, or I then W). Returns
+    whether the file splits backward (I / W actions)."""
+    from torch.distributed.pipelining.schedules import _Action, _validate_schedule
+
+    path = plan.schedule_csv
+    where = f"{_CSV}: '{path}'"
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        raise ConfigError(
+            f"{where} cannot be read ({e.strerror}); give a CSV file of each pipeline rank's "
+            "actions (docs/parallelisms.md)"
+        ) from None
+    if len(rows) != plan.pp:
+        raise ConfigError(f"{where} has {len(rows)} rows; give one per pipeline rank ({plan.pp})")
+    actions = {r: [_csv_action(_Action, cell, r, i, plan, where) for i, cell in enumerate(row)]
+               for r, row in enumerate(rows)}  # fmt: skip
+    done = [a for row in actions.values() for a in row if a is not None]
+    _check_csv_counts(done, plan, where)
+    try:  # torch's own check: the order (a backward after its forward, W after its I)
+        _validate_schedule(actions, plan.pp, plan.num_stages, plan.n_microbatches)
+    except (AssertionError, KeyError) as e:
+        raise ConfigError(f"{where}: {' '.join(str(e).strip().splitlines()[0].split())}") from None
+    return any(a.computation_type.value in "IW" for a in done)
+
+
+def _check_csv_counts(actions: list[Any], plan: PipelinePlan, where: str) -> None:
+    """Every stage runs forward once per micro-batch, and backward once (B, or I and W)."""
+    want = list(range(plan.n_microbatches))
+    for stage in range(plan.num_stages):
+        seen: dict[str, list[int]] = {t: [] for t in "FBIW"}
+        for a in actions:
+            if a.stage_index == stage:
+                seen[a.computation_type.value].append(a.microbatch_index)
+        backward = sorted(seen["B"] + seen["I"])
+        if sorted(seen["F"]) != want or backward != want or sorted(seen["W"]) != sorted(seen["I"]):
+            raise ConfigError(
+                f"{where}: stage {stage} runs forward on micro-batches {sorted(seen['F'])} and "
+                f"backward (B or I) on {backward} (W on {sorted(seen['W'])}); each of "
+                f"{want[0]}-{want[-1]} needs one F and one B (or an I and a W)"
+            )
+
+
+def _csv_action(
+    action_cls: Any, cell: str, rank: int, i: int, plan: PipelinePlan, where: str
+) -> Any:
+    """One cell of a schedule CSV as torch's action (None: empty), checked against the plan."""
+    at = f"{where}: row {rank + 1} (pp rank {rank}), entry {i + 1} {cell.strip()!r}"
+    try:
+        action = action_cls.from_str(cell)
+    except RuntimeError:
+        action = False
+    if action is None:
+        return None
+    if (
+        action is False
+        or repr(action) != cell.strip()  # torch reads a prefix: 0F0x would pass as 0F0
+        or action.computation_type.value not in ("F", "B", "I", "W")
+        or action.microbatch_index is None
+    ):
+        raise ConfigError(
+            f"{at} is not an action; write <stage><F|B|I|W><micro-batch>, e.g. 0F1 (or leave the "
+            "cell empty)"
+        )
+    stage, mb = action.stage_index, action.microbatch_index
+    if not 0 <= stage < plan.num_stages or not 0 <= mb < plan.n_microbatches:
+        raise ConfigError(
+            f"{at}: the plan has stages 0-{plan.num_stages - 1} and micro-batches "
+            f"0-{plan.n_microbatches - 1}"
+        )
+    if plan.stage_rank(stage) != rank:
+        raise ConfigError(
+            f"{at}: stage {stage} runs on pp rank {plan.stage_rank(stage)} in the "
+            f"{plan.schedule} layout; move the action to that rank's row"
+        )
+    return action
 
 
 def _stages_at(points: list[str], n_layers: int, schedule: str, pp: int) -> tuple:
@@ -256,7 +410,7 @@ def _stages_at(points: list[str], n_layers: int, schedule: str, pp: int) -> tupl
     bounds = [0, *starts, n_layers]
     stages = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
     per_rank, rest = divmod(len(stages), pp)
-    need = 1 if schedule in SINGLE_STAGE else 2 if schedule in V_SHAPED else None
+    need = _stages_per_rank(schedule)
     if rest or per_rank != (need or max(per_rank, 2)):
         want = f"{need * pp}" if need else f"a multiple of {pp} (at least {2 * pp})"
         raise ConfigError(
@@ -299,6 +453,7 @@ class Pipeline:
         from torch.distributed.pipelining import PipelineStage
         from torch.distributed.pipelining.schedules import (
             PipelineScheduleSingle,
+            _PipelineScheduleRuntime,
             get_schedule_class,
         )
 
@@ -313,13 +468,17 @@ class Pipeline:
             PipelineStage(parts[s], s, plan.num_stages, device, group=group)
             for s in self.stage_indices
         ]
-        cls = get_schedule_class(plan.schedule)
+        # a CSV file's order runs on torch's runtime of compute actions (it adds the sends and
+        # receives), on every rank's stages
+        cls = _PipelineScheduleRuntime if plan.schedule_csv else get_schedule_class(plan.schedule)
         self.schedule = cls(
             stages[0] if issubclass(cls, PipelineScheduleSingle) else stages,
             n_microbatches=plan.n_microbatches,
             loss_fn=loss_fn,
             scale_grads=False,
         )
+        if plan.schedule_csv:
+            self.schedule._load_csv(plan.schedule_csv)
 
     def forward_loss(
         self, inputs: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor | None = None

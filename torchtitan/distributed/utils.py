@@ -174,6 +174,48 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+class SteppedGradNorms:
+    """Squared norms of the gradients that ``optimizer.early_step_in_backward`` consumed and
+    freed during backward (``torchtitan/optimizer.py``), so that the step still reports the norm
+    of its whole gradient. Summed locally per mesh and placements as backward produces them;
+    :meth:`take` reduces each sum over the mesh dims its gradients are split on (a dim they are
+    replicated on holds the same values on every rank) and starts again."""
+
+    def __init__(self) -> None:
+        self.sums: dict[Any, torch.Tensor] = {}
+
+    def add(self, grad: torch.Tensor) -> None:
+        from torch.distributed.tensor import DTensor, Replicate
+
+        key, local = None, grad
+        if isinstance(grad, DTensor):
+            if any(p.is_partial() for p in grad.placements):  # a sum still to take (TP's norms)
+                whole = [Replicate() if p.is_partial() else p for p in grad.placements]
+                grad = grad.redistribute(placements=whole)
+            key, local = (grad.device_mesh, tuple(grad.placements)), grad.to_local()
+        sq = torch.linalg.vector_norm(local.detach(), dtype=torch.float32).square()
+        self.sums[key] = self.sums[key] + sq if key in self.sums else sq
+
+    def take(self) -> torch.Tensor | None:
+        """The global squared norm of what was added since the last call (None: nothing)."""
+        if not self.sums:
+            return None
+        total = torch.zeros((), dtype=torch.float32)
+        for key, sq in self.sums.items():
+            if key is not None:
+                mesh, placements = key
+                for dim, placement in enumerate(placements):
+                    if not placement.is_replicate() and mesh.size(dim) > 1:
+                        dist.all_reduce(sq, group=mesh.get_group(dim))
+            total = total.to(sq.device) + sq
+        self.sums = {}
+        return total
+
+
+# the process's record (the training loop's clip_grad_norm_ reads it)
+stepped_grad_norms = SteppedGradNorms()
+
+
 def clip_grad_norm_(
     params: list[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
@@ -182,7 +224,9 @@ def clip_grad_norm_(
     DTensor gradients (FSDP, TP) give their global norm through ``full_tensor()``, one group of
     gradients on the same mesh at a time (expert parallelism puts the routed experts on a mesh of
     their own); with pipeline parallelism each rank holds other parameters, so squared norms are
-    summed over ``pp_group``.
+    summed over ``pp_group``. Gradients already applied and freed in backward
+    (``optimizer.early_step_in_backward``) count in the norm (:data:`stepped_grad_norms`) but
+    cannot be clipped.
     """
     groups: dict[Any, list[torch.Tensor]] = {}
     for p in params:
@@ -194,6 +238,9 @@ def clip_grad_norm_(
         )
         for group in (groups.values() or [[]])
     ]
+    stepped = stepped_grad_norms.take()
+    if stepped is not None:
+        norms.append(stepped.sqrt().to(norms[0].device))
     total = torch.stack(norms).square().sum().sqrt() if len(norms) > 1 else norms[0]
     if pp_group is not None:
         squared = total**2
