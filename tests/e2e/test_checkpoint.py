@@ -135,10 +135,12 @@ def test_muon_resumes_under_another_layout(tmp_path):
     resumed = tensorboard_scalars_all_runs(tmp_path / "out")
     assert sorted(resumed) == list(range(1, 21))
     gap = {step: abs(resumed[step] - unbroken[step]) for step in range(1, 21)}
-    # Muon's bfloat16 Newton-Schulz amplifies the layouts' summation-order differences: FSDP 2
-    # alone drifts about 4e-5 from one process by step 10, 2e-4 by step 20 (measured). A resume
-    # that lost or garbled state would jump at step 11 instead; this one does not.
-    assert gap[11] <= max(gap[s] for s in range(1, 11)) + 1e-5, gap
+    # Muon's bfloat16 Newton-Schulz amplifies the layouts' summation-order differences: measured
+    # (2026-11-26) 1e-5 by step 10 under FSDP 2 and at most 9.6e-5 over steps 11-20 under TP 2.
+    # Step 11's loss comes before the first update from the loaded state; a resume that lost it
+    # (--checkpoint.exclude_from_loading optimizer, measured) is 1.8e-2 off at step 12 and up to
+    # 0.13 after: the bar sits between.
+    assert max(gap[s] for s in range(11, 21)) < 1e-3, gap
     assert max(gap.values()) <= 5e-4, gap
 
 

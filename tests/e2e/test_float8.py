@@ -124,8 +124,9 @@ def test_tp_float8_matches_one_process(tmp_path, float8_one_process):
     assert gaps[0] < 1e-6, (losses, float8_one_process)  # measured 0
     # measured 1e-6 (one ulp) with separate wq/wk/wv, 1.1e-5 at step 2 with the fused wqkv (its
     # one tensorwise scale covers q, k and v: a gradient summed in another order can round to
-    # another float8 value one step earlier)
-    assert max(gaps[:3]) < 3e-5, (losses, float8_one_process)
+    # another float8 value one step earlier); 6.2e-5 at step 3 on 2026-11-26 (torchao 0.18, the
+    # same at the commit before that session's changes)
+    assert max(gaps[:3]) < 1e-4, (losses, float8_one_process)
     assert max(gaps) < 2e-4, (losses, float8_one_process)  # measured 3e-5
 
 
