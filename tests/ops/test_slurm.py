@@ -236,7 +236,10 @@ def test_a_bad_override_fails_the_job_with_one_line_per_node(slurm, tmp_path):
     state, output = _submit(slurm, tmp_path, "--training.stepz=3")
     assert state == "FAILED"
     errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2 and "training.stepz" in errors[0], output[-3000:]
+    # Each node's launcher finds the typo; srun's --kill-on-bad-exit may end the second node
+    # before it prints, so the job shows one or two copies of the same line.
+    assert len(errors) in (1, 2) and len(set(errors)) == 1, output[-3000:]
+    assert "training.stepz" in errors[0] and "training.steps" in errors[0], output[-3000:]
     assert "Traceback" not in output
 
 
