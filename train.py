@@ -2,7 +2,7 @@
 
 Read top to bottom, this file is the story of a run: configuration, processes and devices, data,
 model, parallelism, optimizer, checkpoint, then the training loop. How each part is built lives in
-``torchtitan/builders.py``; how a batch goes through the model, in ``torchtitan/step.py``.
+``torchtitan/train/builders.py``; how a batch goes through the model, in ``torchtitan/train/step.py``.
 """
 
 from __future__ import annotations
@@ -18,22 +18,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchtitan import builders, float8, runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState
-from torchtitan.config_manager import JobConfig, help_text, parse_args, save_config
+from torchtitan.config.manager import JobConfig, help_text, parse_args, save_config
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.expert_load import ExpertLoad
 from torchtitan.errors import TorchTitanError, another_rank_reported, report_user_error
-from torchtitan.guards import LossSpikeGuard, stop_if_diverged
-from torchtitan.log import add_log_file, init_logger, logger
-from torchtitan.metrics import MetricsProcessor, build_sinks, mean_over
-from torchtitan.preemption import Interrupted, Preempted, Preemption
-from torchtitan.profiling import profiled_steps
-from torchtitan.run_summary import Summary, summary_lines
-from torchtitan.step import StepRunner
-from torchtitan.stragglers import StragglerReport
-from torchtitan.validation import Validator
-from torchtitan.watchdog import HangWatchdog
+from torchtitan.observability.log import add_log_file, init_logger, logger
+from torchtitan.observability.metrics import MetricsProcessor, build_sinks, mean_over
+from torchtitan.observability.profiling import profiled_steps
+from torchtitan.observability.run_summary import Summary, summary_lines
+from torchtitan.quantization import float8
+from torchtitan.resilience.guards import LossSpikeGuard, stop_if_diverged
+from torchtitan.resilience.preemption import Interrupted, Preempted, Preemption
+from torchtitan.resilience.stragglers import StragglerReport
+from torchtitan.resilience.watchdog import HangWatchdog
+from torchtitan.train import builders, runtime
+from torchtitan.train.step import StepRunner
+from torchtitan.train.validation import Validator
 
 
 def train(job_config: JobConfig) -> None:

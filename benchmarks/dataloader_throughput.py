@@ -100,8 +100,8 @@ def train_bpe(out: str, vocab: int, train_mb: int) -> dict:
     sys.path.insert(0, str(ROOT / "scripts"))
     from build_test_tokenizers import tiktoken_file_bytes
 
-    from torchtitan.datasets.hf_tokenizer import byte_to_unicode
-    from torchtitan.datasets.tokenizer import LLAMA3_SPLIT_PATTERN, TikTokenizer
+    from torchtitan.data.hf_tokenizer import byte_to_unicode
+    from torchtitan.data.tokenizer import LLAMA3_SPLIT_PATTERN, TikTokenizer
 
     t0 = time.perf_counter()
     hf = HFTokenizer(BPE())
@@ -207,9 +207,9 @@ def measure(
     """Build one rank's loader as train.py does and time it (on ``corpus`` if given)."""
     import torch
 
-    from torchtitan.builders import dataloader_for
-    from torchtitan.config_manager import parse_args
-    from torchtitan.train_spec import get_train_spec
+    from torchtitan.config.manager import parse_args
+    from torchtitan.train.builders import dataloader_for
+    from torchtitan.train.spec import get_train_spec
 
     job_config = parse_args(_training_args(args, corpus), need_files=False)
     spec = get_train_spec(job_config.model.name)
@@ -447,7 +447,7 @@ def _pretokenized(args, tokenizer_path: str) -> str:
     kept in the torchtitan cache)."""
     import hashlib
 
-    from torchtitan.datasets.pydoc_corpus import default_cache_dir
+    from torchtitan.data.pydoc_corpus import default_cache_dir
 
     train = _training_args(args) + ["--model.tokenizer_path", tokenizer_path]
     key = hashlib.sha256(" ".join(train).encode()).hexdigest()[:12]
@@ -464,7 +464,7 @@ def _pretokenized(args, tokenizer_path: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from torchtitan.datasets.pydoc_corpus import default_cache_dir
+    from torchtitan.data.pydoc_corpus import default_cache_dir
 
     bpe = None
     if args.bpe_vocab:

@@ -60,9 +60,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchtitan.metrics import proc_status_kib  # noqa: E402
 from torchtitan.models.common.loss import cross_entropy_loss  # noqa: E402
 from torchtitan.models.llama.model import ModelArgs, Transformer  # noqa: E402
+from torchtitan.observability.metrics import proc_status_kib  # noqa: E402
 
 MIB = 1024**2
 NO_CHUNKED_LOSS = "n/a (ChunkedOutputLoss not available)"

@@ -309,7 +309,7 @@ def computed_volume(job_config: Any, world_size: int) -> dict:
     from torchtitan.distributed.data_parallel import param_dtype
     from torchtitan.distributed.utils import device_type
     from torchtitan.errors import TorchTitanError
-    from torchtitan.job_plan import plan_job
+    from torchtitan.train.plan import plan_job
 
     try:
         plan = plan_job(job_config, world_size)
@@ -516,7 +516,7 @@ def launch_workers(n: int, out_dir: Path, train_args: list[str], count: bool) ->
 
 
 def _losses(dump: Path) -> dict[int, float]:
-    from torchtitan.tb_events import read_scalars
+    from torchtitan.observability.tb_events import read_scalars
 
     return read_scalars(dump / "tb")
 
@@ -626,7 +626,7 @@ def format_volume(c: dict, v: dict, steps: int, ngpu: int) -> str:
 
 
 def cmd_volume(a: argparse.Namespace, overrides: list[str]) -> int:
-    from torchtitan.config_manager import parse_args
+    from torchtitan.config.manager import parse_args
     from torchtitan.errors import TorchTitanError
 
     with tempfile.TemporaryDirectory(prefix="moe-volume-") as tmp:

@@ -37,8 +37,8 @@ def hidden_shapes(model: str, flavor: str) -> list[tuple[int, ...]]:
     """The shapes of the parameters Muon trains in ``model``'s ``flavor`` (2-D matrices)."""
     import torch
 
-    from torchtitan.param_groups import categories, for_muon
-    from torchtitan.train_spec import get_model_args, get_train_spec
+    from torchtitan.optim.param_groups import categories, for_muon
+    from torchtitan.train.spec import get_model_args, get_train_spec
 
     # the vocabulary sizes only the embeddings and the output, which Muon does not train
     margs = dataclasses.replace(get_model_args(model, flavor), vocab_size=2048)
@@ -68,7 +68,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from torchtitan.muon import orthogonalize, orthogonalize_all
+    from torchtitan.optim.muon import orthogonalize, orthogonalize_all
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")

@@ -37,7 +37,7 @@ def main() -> int:
     train_args = train_args or ["--job.config_file", "train_configs/debug_model.toml"]
 
     import train
-    from torchtitan.config_manager import parse_args
+    from torchtitan.config.manager import parse_args
 
     job_config = parse_args(train_args)
     log_freq = job_config.metrics.log_freq
@@ -77,7 +77,7 @@ def main() -> int:
 
 
 def _library_step_time(dump: str, warmup: int, steps: int) -> float:
-    from torchtitan.tb_events import read_events
+    from torchtitan.observability.tb_events import read_events
 
     times = read_events(dump, "loss")
     return (times[steps][0] - times[warmup][0]) / (steps - warmup)
@@ -88,9 +88,9 @@ def plain_step_time(job_config, warmup: int, steps: int) -> float:
     import torch
     import torch.nn.functional as F
 
-    from torchtitan.datasets.tokenizer import build_tokenizer, tokenizer_source
+    from torchtitan.data.tokenizer import build_tokenizer, tokenizer_source
     from torchtitan.distributed import utils as dist_utils
-    from torchtitan.train_spec import get_model_args, get_train_spec
+    from torchtitan.train.spec import get_model_args, get_train_spec
 
     t, o = job_config.training, job_config.optimizer
     device = dist_utils.init_device()

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/rmsnorm.py [--shapes 8192x4096,8192x2048] [--dtypes bfloat16] \\
         [--impls rmsnorm,compiled_rmsnorm,fused_rmsnorm] [--device cuda|cpu] [--json]
 
-Each implementation is the module the model builds (:func:`torchtitan.models.norms.build_norm`),
+Each implementation is the module the model builds (:func:`torchtitan.models.common.norms.rmsnorm.build_norm`),
 in the given dtype (input and weight), on an input of the given ``rows x width`` shape. Times are
 medians from ``torch.utils.benchmark.Timer.blocked_autorange`` (which synchronizes CUDA) after
 warm-up calls (these also compile ``compiled_rmsnorm``):
@@ -35,7 +35,7 @@ import torch.utils.benchmark as benchmark
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torchtitan.models.norms import NORM_TYPES, build_norm  # noqa: E402
+from torchtitan.models.common.norms.rmsnorm import NORM_TYPES, build_norm  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

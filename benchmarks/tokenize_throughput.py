@@ -55,9 +55,9 @@ def _train_args(args) -> list[str]:
 
 def baseline(args) -> dict:
     """``Dataset.map(batched=True)`` with the job's tokenizer, one process."""
-    from torchtitan.config_manager import parse_args
-    from torchtitan.datasets.sources import load_source
-    from torchtitan.datasets.tokenizer import build_tokenizer, tokenizer_source
+    from torchtitan.config.manager import parse_args
+    from torchtitan.data.sources import load_source
+    from torchtitan.data.tokenizer import build_tokenizer, tokenizer_source
 
     jc = parse_args(_train_args(args), need_files=False)
     path, key = tokenizer_source(jc.model)

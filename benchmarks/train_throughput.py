@@ -101,7 +101,7 @@ def _run(config: str, ngpu: int, args: list[str]) -> tuple[int, str]:
 
 def summarize(dump: Path, warmup: int) -> dict:
     """The measured steps (after ``warmup``) of one run, from rank 0's TensorBoard events."""
-    from torchtitan.tb_events import read_all_events
+    from torchtitan.observability.tb_events import read_all_events
 
     tb = dump / "tb"
     if (tb / "rank_0").is_dir():  # metrics.save_for_all_ranks

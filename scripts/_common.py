@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def progress(what: str):
     """A ``(done, total)`` callback drawing a progress bar on stderr (plain lines in a log)."""
-    from torchtitan.progress import Progress
+    from torchtitan.observability.progress import Progress
 
     return Progress(what, total=1)
 

@@ -27,8 +27,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from torchtitan.datasets.pydoc_corpus import build_documents  # noqa: E402
-from torchtitan.datasets.tokenizer import LLAMA3_SPLIT_PATTERN  # noqa: E402
+from torchtitan.data.pydoc_corpus import build_documents  # noqa: E402
+from torchtitan.data.tokenizer import LLAMA3_SPLIT_PATTERN  # noqa: E402
 
 VOCAB_SIZE = 2000
 ASSET_DIR = REPO_ROOT / "tests" / "assets" / "tokenizer"
@@ -176,7 +176,7 @@ def train_tiktoken_model(docs: Sequence[str], vocab_size: int = VOCAB_SIZE) -> b
 def verify_tiktoken_model(path: Path, docs: Sequence[str]) -> None:
     """Check that tiktoken, through TikTokenizer, reproduces the trained segmentation exactly and
     round-trips the corpus; raise AssertionError otherwise."""
-    from torchtitan.datasets.tokenizer import TikTokenizer, read_tiktoken_ranks
+    from torchtitan.data.tokenizer import TikTokenizer, read_tiktoken_ranks
 
     ranks = read_tiktoken_ranks(path)
     tok = TikTokenizer(path)
@@ -290,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out_dir / name).write_bytes(data)
     verify_tiktoken_model(args.out_dir / TIKTOKEN_FILE, docs)
 
-    from torchtitan.datasets.tokenizer import build_tokenizer
+    from torchtitan.data.tokenizer import build_tokenizer
 
     for name, data in assets.items():
         path = args.out_dir / name

@@ -17,8 +17,8 @@ import sys
 
 from _common import run
 
-from torchtitan import config_aliases
-from torchtitan.config_manager import _default_of, _keys, _sections, _toml_value, _type_name
+from torchtitan.config import compat as config_aliases
+from torchtitan.config.manager import _default_of, _keys, _sections, _toml_value, _type_name
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "config.md")
 

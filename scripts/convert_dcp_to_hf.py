@@ -31,7 +31,7 @@ def main() -> None:
 
     from torchtitan.checkpoint import read_model_weights
     from torchtitan.checkpoint.hf_files import write_folder
-    from torchtitan.train_spec import get_model_args, get_train_spec
+    from torchtitan.train.spec import get_model_args, get_train_spec
 
     state = read_model_weights(a.checkpoint, progress=progress("read checkpoint"))
     vocab = state["tok_embeddings.weight"].shape[0]
@@ -39,7 +39,7 @@ def main() -> None:
     dtype = getattr(torch, a.dtype)
     bos = eos = None
     if a.tokenizer:
-        from torchtitan.datasets.tokenizer import build_tokenizer
+        from torchtitan.data.tokenizer import build_tokenizer
 
         tok = build_tokenizer(a.tokenizer)
         bos, eos = tok.bos_id, tok.eos_id

@@ -66,10 +66,10 @@ def estimate_memory(train_args: list[str], world_size: int, device_type: str) ->
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from torchtitan.config_manager import parse_args
+    from torchtitan.config.manager import parse_args
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.errors import ConfigError
-    from torchtitan.job_plan import plan_job
+    from torchtitan.train.plan import plan_job
 
     job_config = parse_args(train_args, need_files=False)
     if world_size < 1:
@@ -170,7 +170,7 @@ def _moe_notes(plan) -> list[str]:
 
 def _vocab_size(plan, job_config) -> int:
     """The tokenizer's size, as train.py uses; the flavor's published one if the file is absent."""
-    from torchtitan.datasets.tokenizer import tokenizer_source
+    from torchtitan.data.tokenizer import tokenizer_source
     from torchtitan.errors import ConfigError
 
     path, key = tokenizer_source(job_config.model)  # tokenizer_path, else hf_assets_path's
@@ -207,8 +207,8 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from torchtitan import builders
     from torchtitan.distributed.loss_parallel import build_loss_fn
+    from torchtitan.train import builders
 
     dims, spec, t = plan.dims, plan.spec, job_config.training
     dims.build_mesh("cpu")
@@ -414,7 +414,7 @@ def _formula_state(parts, job_config) -> tuple[dict, int]:
     shards and casts for compute), gradients of the same size, and the optimizer's state
     (``optimizer.state_dtype``): Adam and AdamW two moments per parameter; Muon one momentum
     buffer per hidden-matrix parameter, and AdamW's two moments for the rest."""
-    from torchtitan.param_groups import categories, clean_name, for_muon
+    from torchtitan.optim.param_groups import categories, clean_name, for_muon
 
     n = moments = 0
     muon = job_config.optimizer.name == "Muon"

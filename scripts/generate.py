@@ -32,7 +32,7 @@ from _common import progress, run
 def load_model(checkpoint: str, model: str, flavor: str | None):
 
     from torchtitan.errors import ConfigError
-    from torchtitan.train_spec import get_model_args, get_train_spec
+    from torchtitan.train.spec import get_model_args, get_train_spec
 
     if os.path.isfile(os.path.join(checkpoint, "config.json")):
         from torchtitan.checkpoint.hf_files import read_hf_model
@@ -60,7 +60,7 @@ def load_model(checkpoint: str, model: str, flavor: str | None):
 
 def load_tokenizer(tokenizer: str | None, checkpoint: str):
     """``--tokenizer`` (a file or a folder), else the tokenizer of the ``--checkpoint`` folder."""
-    from torchtitan.datasets.tokenizer import build_tokenizer, tokenizer_file_in
+    from torchtitan.data.tokenizer import build_tokenizer, tokenizer_file_in
     from torchtitan.errors import ConfigError
 
     if tokenizer:

@@ -29,7 +29,7 @@ def main() -> None:
         parser.error(f"--tolerance: {a.tolerance} must be >= 0")
 
     from torchtitan.errors import ConfigError
-    from torchtitan.tb_events import read_scalars
+    from torchtitan.observability.tb_events import read_scalars
 
     if a.plot:  # before the reading: a missing plotting library is known at once
         try:

@@ -20,8 +20,8 @@ import tomlkit
 from _common import run
 from tomlkit.items import Table
 
-from torchtitan import config_aliases
-from torchtitan.config_manager import JobConfig, parse_args
+from torchtitan.config import compat as config_aliases
+from torchtitan.config.manager import JobConfig, parse_args
 from torchtitan.errors import ConfigError, Problems
 
 

@@ -139,9 +139,9 @@ def parse_cli(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from torchtitan.config_manager import parse_args
-    from torchtitan.datasets.indexed import token_dtype
-    from torchtitan.datasets.tokenizer import build_tokenizer, tokenizer_source
+    from torchtitan.config.manager import parse_args
+    from torchtitan.data.indexed import token_dtype
+    from torchtitan.data.tokenizer import build_tokenizer, tokenizer_source
 
     args, train_args = parse_cli(argv)
     jc = parse_args(train_args, need_files=False)
@@ -166,10 +166,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def load_text_source(t: Any) -> Any:
-    """The ``training`` section's source (``torchtitan.datasets.sources.Source``), checked to be
+    """The ``training`` section's source (``torchtitan.data.sources.Source``), checked to be
     one source of text."""
-    from torchtitan.datasets.indexed import indexed_prefixes
-    from torchtitan.datasets.sources import holds_token_ids, load_source
+    from torchtitan.data.indexed import indexed_prefixes
+    from torchtitan.data.sources import holds_token_ids, load_source
     from torchtitan.errors import ConfigError
 
     if t.datasets:
@@ -214,7 +214,7 @@ def source_identity(t: Any, text_field: str) -> dict[str, Any]:
 def finished_already(job: Job) -> bool:
     """Whether ``job.out`` holds the finished corpus of this job (said on stdout); a finished
     corpus of another source or tokenizer is an error."""
-    from torchtitan.datasets.indexed import IndexedCorpus, indexed_prefixes, read_manifest
+    from torchtitan.data.indexed import IndexedCorpus, indexed_prefixes, read_manifest
     from torchtitan.errors import DataError
 
     manifest = read_manifest(job.out) if job.out.is_dir() else None
@@ -288,7 +288,7 @@ def _read_marker(path: Path) -> dict[str, Any] | None:
 
 
 def _files_match(prefix: Path, marker: dict[str, Any]) -> bool:
-    from torchtitan.datasets.indexed import IndexedFile
+    from torchtitan.data.indexed import IndexedFile
     from torchtitan.errors import DataError
 
     try:
@@ -452,7 +452,7 @@ class Report:
     every ``STREAM_REPORT_SECONDS``; both with the tokens/s of this run."""
 
     def __init__(self, label: str, total: int | None, done: int) -> None:
-        from torchtitan.progress import Progress
+        from torchtitan.observability.progress import Progress
 
         self.label, self.docs, self.new_docs, self.tokens = label, done, 0, 0
         self.t0 = time.perf_counter()
@@ -480,7 +480,7 @@ class Report:
 
 def tokenize(job: Job, source: Any, tok: Any) -> None:
     """Write the shards ``job.out`` lacks, then the manifest, and print the summary line."""
-    from torchtitan.datasets.indexed import Manifest, write_manifest
+    from torchtitan.data.indexed import Manifest, write_manifest
     from torchtitan.errors import DataError
 
     created = not job.out.exists()
@@ -529,7 +529,7 @@ def write_shards(
 ) -> list[dict[str, Any]]:
     """Write the tokenized chunks into their shards, each marked complete once in place; an
     unfinished shard's temporary files are removed if this stops early."""
-    from torchtitan.datasets.indexed import IndexedWriter
+    from torchtitan.data.indexed import IndexedWriter
 
     markers: list[dict[str, Any]] = []
     writer, shard = None, -1

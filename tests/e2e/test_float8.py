@@ -28,7 +28,7 @@ import pytest
 import torch
 from launcher import launch, tensorboard_scalars
 
-from torchtitan.float8 import cpu_float8_matmul_works
+from torchtitan.quantization.float8 import cpu_float8_matmul_works
 
 STEPS = 6
 COMMON = [

@@ -15,7 +15,7 @@ from download_scripts import check_offline_download_is_one_line
 from hf_folders import train_tokenizer_json, write_model_folder
 from repo_paths import ROOT
 
-from torchtitan.datasets.tokenizer import HuggingFaceTokenizer, build_tokenizer
+from torchtitan.data.tokenizer import HuggingFaceTokenizer, build_tokenizer
 
 REPO = "meta-llama/Llama-3.1-8B"
 

@@ -3,7 +3,7 @@
 The candidates are every combination of degrees (data_parallel_replicate, data_parallel_shard,
 tensor, pipeline and context parallel; expert parallel and whole or split experts for the
 mixture-of-experts model) whose product is 2 or 4 processes. Each is put to the launcher's own
-check (``torchtitan.preflight``, as ``run_llama_train.sh`` runs it): a refused layout must be
+check (``python -m torchtitan.preflight``, as ``run_llama_train.sh`` runs it): a refused layout must be
 refused in one line, and every accepted one trains 4 steps of the same global batch (8 sequences
 of 64 tokens, seeded, deterministic, the equivalence suites' parameter groups) and must match one
 process: step 1 within 1e-4, every step's

@@ -13,7 +13,7 @@ import torch
 from launcher import launch, tensorboard_scalars
 
 from torchtitan.checkpoint.safe_read import read_model_weights
-from torchtitan.datasets.indexed import IndexedWriter
+from torchtitan.data.indexed import IndexedWriter
 
 SEQ_LEN, BATCH, VOCAB = 64, 8, 2256  # the debug model's tokenizer has 2,256 ids
 

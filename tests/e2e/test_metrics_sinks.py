@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from launcher import launch
 
-from torchtitan.tb_events import read_scalars
+from torchtitan.observability.tb_events import read_scalars
 
 SHORT = ["--training.steps", "3", "--training.seq_len", "64", "--training.local_batch_size", "2",
          "--training.global_batch_size", "4", "--metrics.log_freq", "1",

@@ -1,4 +1,4 @@
-"""Muon's orthogonalization of split parameters (``torchtitan/muon.py``) on 4 real processes:
+"""Muon's orthogonalization of split parameters (``torchtitan/optim/muon.py``) on 4 real processes:
 every split gives one process's result to the last bit, experts split on the expert dim are
 orthogonalized where they are, with no collective, and matrices split by rows are shared out so
 that each is orthogonalized by one rank (``tests/helpers/muon_worker.py``)."""

@@ -27,11 +27,11 @@ from norm_checks import (
 )
 from repo_paths import DEBUG_TOML, HELPERS, ROOT
 
-from torchtitan.config_manager import parse_args
+from torchtitan.config.manager import parse_args
 from torchtitan.errors import ConfigError
+from torchtitan.models.common.norms.rmsnorm import CompiledRMSNorm, RMSNorm
 from torchtitan.models.llama.flavors import llama3_configs
 from torchtitan.models.llama.model import Transformer
-from torchtitan.models.norms import CompiledRMSNorm, RMSNorm
 
 DEBUG_VOCAB = 2256
 
@@ -138,7 +138,7 @@ def test_fused_kernels_compile_for_cuda():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine reports")
 def test_fused_rmsnorm_refused_on_cpu():
-    from torchtitan.job_plan import plan_job
+    from torchtitan.train.plan import plan_job
 
     expected = (
         "command line: --model.norm_type: fused_rmsnorm needs a CUDA GPU (Triton); use rmsnorm or "

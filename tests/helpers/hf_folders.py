@@ -14,7 +14,7 @@ from pathlib import Path
 
 def corpus() -> list[str]:
     # the language-reference half of the offline corpus: real prose, read in milliseconds
-    from torchtitan.datasets.pydoc_corpus import _topic_documents
+    from torchtitan.data.pydoc_corpus import _topic_documents
 
     return _topic_documents()
 
@@ -35,7 +35,7 @@ def train_tokenizer_json(folder: Path, style: str, vocab_size: int = 1000) -> No
         trainers,
     )
 
-    from torchtitan.datasets.tokenizer import LLAMA3_SPLIT_PATTERN
+    from torchtitan.data.tokenizer import LLAMA3_SPLIT_PATTERN
 
     if style == "bytelevel":
         bos, eos, pad = "<|begin_of_text|>", "<|end_of_text|>", "<|pad|>"
@@ -103,7 +103,7 @@ def copy_files(folder: Path, dest: Path, *names: str) -> Path:
 
 def debug_model_args(vocab_size: int, max_seq_len: int = 64):
     """The llama3 debug flavor's model arguments with this vocabulary and sequence length."""
-    from torchtitan.train_spec import get_model_args
+    from torchtitan.train.spec import get_model_args
 
     return dataclasses.replace(
         get_model_args("llama3", "debugmodel"), vocab_size=vocab_size, max_seq_len=max_seq_len
@@ -117,7 +117,7 @@ def write_model_folder(bytelevel: Path, folder: Path) -> Path:
     import torch
 
     from torchtitan.checkpoint.hf_files import write_folder
-    from torchtitan.datasets.tokenizer import build_tokenizer
+    from torchtitan.data.tokenizer import build_tokenizer
     from torchtitan.models.llama.hf_adapter import LlamaStateDictAdapter
     from torchtitan.models.llama.model import Transformer
 

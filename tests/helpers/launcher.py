@@ -152,6 +152,6 @@ def tensorboard_scalars(dump_folder: Path, tag: str = "loss") -> dict[int, float
 def tensorboard_scalars_all_runs(dump_folder: Path, tag: str = "loss") -> dict[int, float]:
     """``{step: value}`` over every TensorBoard run under ``dump_folder/tb`` (a resumed job
     writes a new run), later runs overriding earlier ones."""
-    from torchtitan.tb_events import read_scalars
+    from torchtitan.observability.tb_events import read_scalars
 
     return read_scalars(dump_folder, tag)

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 import train
-from torchtitan.config_manager import parse_args
-from torchtitan.log import init_logger, logger
+from torchtitan.config.manager import parse_args
+from torchtitan.observability.log import init_logger, logger
 
 
 def run_case(case_id: str, args: list[str], out: Path) -> None:

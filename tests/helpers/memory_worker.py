@@ -21,8 +21,8 @@ import tiktoken  # noqa: E402,F401
 import torch  # noqa: E402
 
 import train  # noqa: E402
-from torchtitan import metrics  # noqa: E402
-from torchtitan.metrics import proc_status_kib  # noqa: E402
+from torchtitan.observability import metrics  # noqa: E402
+from torchtitan.observability.metrics import proc_status_kib  # noqa: E402
 
 
 def main() -> int:

@@ -31,7 +31,7 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.parallelize import apply_ep
 from torchtitan.distributed.tensor_parallel import apply_tp
 from torchtitan.distributed.utils import per_rank_compile_cache
-from torchtitan.train_spec import get_model_args, get_train_spec
+from torchtitan.train.spec import get_model_args, get_train_spec
 
 VOCAB = 2256
 

@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from torchtitan.muon import orthogonalize, orthogonalize_all
+from torchtitan.optim.muon import orthogonalize, orthogonalize_all
 
 GROUP = {"ns_coefficients": (3.4445, -4.775, 2.0315), "ns_steps": 5, "eps": 1e-7}
 R, S0, S1, S2 = Replicate(), Shard(0), Shard(1), Shard(2)

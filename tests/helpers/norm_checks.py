@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from torchtitan.models.norms import FusedRMSNorm, RMSNorm, rms_norm
+from torchtitan.models.common.norms.rmsnorm import FusedRMSNorm, RMSNorm, rms_norm
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -92,7 +92,7 @@ KERNEL_CASES = [
 def check_kernel(device: str) -> list[str]:
     """Run every case through the fused autograd function (Triton kernels) and the reference;
     assert and return one line per case with the errors relative to the reference's scale."""
-    from torchtitan.models.fused_rmsnorm import fused_rms_norm, uses_triton
+    from torchtitan.models.common.norms.fused import fused_rms_norm, uses_triton
 
     eps = 1e-5
     lines = []

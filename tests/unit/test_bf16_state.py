@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from torchtitan.bf16_state import BF16StateAdam
-from torchtitan.config_manager import Optimizer as OptimizerConfig
+from torchtitan.config.manager import Optimizer as OptimizerConfig
 from torchtitan.models.llama.flavors import llama3_configs
 from torchtitan.models.llama.model import Transformer
-from torchtitan.muon import DistributedMuon
-from torchtitan.optimizer import build_optimizer
+from torchtitan.optim.bf16_state import BF16StateAdam
+from torchtitan.optim.muon import DistributedMuon
+from torchtitan.optim.optimizers import build_optimizer
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 

@@ -45,9 +45,9 @@ def test_scan_orders_steps_and_reads_markers(tmp_path):
 
 
 def test_seed_checkpoint_needs_one_process():
-    from torchtitan.config_manager import parse_args
+    from torchtitan.config.manager import parse_args
     from torchtitan.errors import ConfigError
-    from torchtitan.job_plan import plan_job
+    from torchtitan.train.plan import plan_job
 
     cfg = parse_args(["--checkpoint.enable", "--checkpoint.create_seed_checkpoint"])
     with pytest.raises(ConfigError, match="create_seed_checkpoint: runs on one process"):

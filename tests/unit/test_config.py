@@ -10,7 +10,7 @@ import pytest
 import torch
 from repo_paths import DEBUG_TOML, ROOT, TOKENIZER, TOKENIZER_ASSETS
 
-from torchtitan.config_manager import JobConfig, help_text, parse_args
+from torchtitan.config.manager import JobConfig, help_text, parse_args
 from torchtitan.errors import ConfigError
 
 
@@ -211,7 +211,7 @@ def test_missing_and_bad_config_file(tmp_path):
 
 
 def test_a_misspelled_section_is_one_line_per_file(tmp_path, capsys):
-    from torchtitan import preflight
+    from torchtitan.train import preflight
 
     path = _toml(
         tmp_path, '[optimiser]\nname = "AdamW"\nlr = 3e-4\neps = 1e-8\nweight_decay = 0.1\n'
@@ -247,8 +247,8 @@ def test_unknown_keys_of_known_and_old_sections_are_judged_one_by_one(tmp_path):
 
 
 def test_a_warmup_that_outlasts_training_is_one_warning(tmp_path, capsys):
-    from torchtitan import preflight
-    from torchtitan.lr_scheduling import lr_factor
+    from torchtitan.optim.lr_scheduling import lr_factor
+    from torchtitan.train import preflight
 
     path = _toml(
         tmp_path, "[lr_scheduler]\nwarmup_steps = 10\ndecay_ratio = 0.5\n[training]\nsteps = 10\n"
@@ -285,7 +285,7 @@ def test_a_warmup_that_outlasts_training_is_one_warning(tmp_path, capsys):
     "path", sorted((ROOT / "train_configs").glob("*.toml")), ids=lambda p: p.name
 )
 def test_every_shipped_config_passes_preflight(path):
-    from torchtitan.job_plan import plan_job
+    from torchtitan.train.plan import plan_job
 
     kind = "sentencepiece" if "llama2" in path.name else "tiktoken"
     tok = str(TOKENIZER_ASSETS / f"{kind}.model")
@@ -319,7 +319,7 @@ def test_every_shipped_config_passes_preflight(path):
 )
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine reports")
 def test_gpu_only_features_fail_clearly_on_cpu(args, expected):
-    from torchtitan.job_plan import plan_job
+    from torchtitan.train.plan import plan_job
 
     with pytest.raises(ConfigError) as e:
         plan_job(parse_args(args), world_size=1)
@@ -328,8 +328,8 @@ def test_gpu_only_features_fail_clearly_on_cpu(args, expected):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine reports")
 def test_float8_on_cpu_needs_cpu_float8_matmuls(monkeypatch):
-    from torchtitan import float8
-    from torchtitan.job_plan import plan_job
+    from torchtitan.quantization import float8
+    from torchtitan.train.plan import plan_job
 
     if importlib.util.find_spec("torchao") is None:
         pytest.skip("needs torchao (dev-requirements.txt): its absence is refused first")
@@ -344,7 +344,7 @@ def test_float8_on_cpu_needs_cpu_float8_matmuls(monkeypatch):
 
 
 def test_model_n_layers_overrides_the_flavor():
-    from torchtitan.job_plan import plan_job
+    from torchtitan.train.plan import plan_job
 
     assert plan_job(parse_args([]), world_size=1).model_args.n_layers == 6  # debugmodel's own
     plan = plan_job(parse_args(["--model.n_layers", "2"]), world_size=1)

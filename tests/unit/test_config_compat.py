@@ -14,10 +14,12 @@ import pytest
 from repo_paths import ROOT, TOKENIZER
 from sized_tokenizers import llama3_sized_tiktoken
 
-from torchtitan import config_aliases, job_plan, preflight
-from torchtitan.config_aliases import ALIASES
-from torchtitan.config_manager import _strip_optional, all_keys, parse_args
+from torchtitan.config import compat as config_aliases
+from torchtitan.config.compat import ALIASES
+from torchtitan.config.manager import _strip_optional, all_keys, parse_args
 from torchtitan.errors import ConfigError
+from torchtitan.train import plan as job_plan
+from torchtitan.train import preflight
 
 sys.path.insert(0, str(ROOT / "scripts"))
 

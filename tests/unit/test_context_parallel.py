@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchtitan.config_manager import parse_args
+from torchtitan.config.manager import parse_args
 from torchtitan.distributed.context_parallel import chunk_ids, shard_sequence, unshard_sequence
 from torchtitan.errors import ConfigError
-from torchtitan.job_plan import plan_job
+from torchtitan.train.plan import plan_job
 
 
 @pytest.mark.parametrize("cp", [1, 2, 3, 4])

@@ -1,4 +1,4 @@
-"""``[training.dataloader]`` worker processes (torchtitan/datasets/workers.py): the same batches as
+"""``[training.dataloader]`` worker processes (torchtitan/data/workers.py): the same batches as
 the loader in the training process, and a state that resumes exactly, with or without workers,
 however far ahead the workers have read.
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 from offline_data import ByteTokenizer, use_offline_caches
 
-from torchtitan.datasets import build_hf_dataloader
-from torchtitan.datasets.workers import WorkerLoader
+from torchtitan.data import build_hf_dataloader
+from torchtitan.data.workers import WorkerLoader
 from torchtitan.errors import ConfigError, DataError
 
 TOK = ByteTokenizer()

@@ -22,10 +22,10 @@ from datasets.distributed import split_dataset_by_node
 from offline_data import ByteTokenizer, use_offline_caches
 from repo_paths import TIKTOKEN_PATH as TOKENIZER_ASSET
 
-from torchtitan.datasets import build_hf_dataloader, sources
-from torchtitan.datasets.batch import Batch
-from torchtitan.datasets.sources import DATASETS
-from torchtitan.datasets.token_windows import ShardPermutations, epoch_permutation
+from torchtitan.data import build_hf_dataloader, sources
+from torchtitan.data.batch import Batch
+from torchtitan.data.sources import DATASETS
+from torchtitan.data.token_windows import ShardPermutations, epoch_permutation
 from torchtitan.errors import ConfigError, DataError
 
 TOK = ByteTokenizer()
@@ -571,7 +571,7 @@ def test_state_from_other_streaming_mode(tmp_path):
     not TOKENIZER_ASSET.exists(), reason=f"test tokenizer asset {TOKENIZER_ASSET} not present yet"
 )
 def test_real_tokenizer_on_the_debug_corpus():
-    tokenizer_mod = pytest.importorskip("torchtitan.datasets.tokenizer")
+    tokenizer_mod = pytest.importorskip("torchtitan.data.tokenizer")
     tokenizer = tokenizer_mod.build_tokenizer(str(TOKENIZER_ASSET))
     loader = build_hf_dataloader(
         dataset="python_docs",

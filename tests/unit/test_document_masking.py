@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchtitan.config_manager import JobConfig
-from torchtitan.datasets.batch import IGNORE_INDEX, Batch
+from torchtitan.config.manager import JobConfig
+from torchtitan.data.batch import IGNORE_INDEX, Batch
 from torchtitan.distributed.loss_parallel import build_loss_fn
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.models.common.attention import (
@@ -31,7 +31,7 @@ from torchtitan.models.llama.flavors import llama3_configs
 from torchtitan.models.llama.model import Transformer
 from torchtitan.models.qwen3.flavors import qwen3_configs
 from torchtitan.models.qwen3.model import Qwen3Model
-from torchtitan.step import StepRunner
+from torchtitan.train.step import StepRunner
 
 VOCAB = 512
 

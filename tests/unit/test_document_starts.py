@@ -20,10 +20,10 @@ import pytest
 import torch
 from offline_data import ByteTokenizer, use_offline_caches
 
-from torchtitan.datasets import build_hf_dataloader
-from torchtitan.datasets.batch import IGNORE_INDEX, Batch, make_batch
-from torchtitan.datasets.indexed import IndexedWriter
-from torchtitan.datasets.token_windows import InMemoryDocs, TokenWindows, epoch_permutation
+from torchtitan.data import build_hf_dataloader
+from torchtitan.data.batch import IGNORE_INDEX, Batch, make_batch
+from torchtitan.data.indexed import IndexedWriter
+from torchtitan.data.token_windows import InMemoryDocs, TokenWindows, epoch_permutation
 from torchtitan.errors import ConfigError
 
 TOK = ByteTokenizer()

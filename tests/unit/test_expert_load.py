@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from torchtitan.distributed.expert_load import ExpertLoad, moe_layers
-from torchtitan.metrics import moe_console_line
 from torchtitan.models.common.moe import MoEArgs
 from torchtitan.models.qwen3_moe.model import Qwen3MoeModel, Qwen3MoeModelArgs
+from torchtitan.observability.metrics import moe_console_line
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchtitan.config_manager import parse_args
+from torchtitan.config.manager import parse_args
 from torchtitan.distributed.expert_parallel import regroup_index
 from torchtitan.errors import ConfigError
-from torchtitan.job_plan import plan_job
+from torchtitan.train.plan import plan_job
 
 L4 = ["--job.config_file", "train_configs/llama4_debug.toml"]
 

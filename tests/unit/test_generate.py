@@ -14,7 +14,7 @@ import torch
 from repo_paths import ROOT, load_script
 
 from torchtitan.errors import ConfigError
-from torchtitan.train_spec import get_model_args, get_train_spec
+from torchtitan.train.spec import get_model_args, get_train_spec
 
 PROMPT = [1, 17, 42, 99, 7]
 NEW = 12

@@ -20,7 +20,7 @@ from download_scripts import SECRET, load_download_script
 from hf_folders import copy_files, corpus, train_tokenizer_json, write_model_folder
 from repo_paths import ROOT, TOKENIZER_ASSETS, load_script
 
-from torchtitan.datasets.tokenizer import (
+from torchtitan.data.tokenizer import (
     DEFAULT_TOKENIZER_PATH,
     HuggingFaceTokenizer,
     SentencePieceTokenizer,
@@ -237,7 +237,7 @@ def test_build_tokenizer_folder_errors(tmp_path):
 
 
 def test_tokenizer_source_rule():
-    from torchtitan.config_manager import Model
+    from torchtitan.config.manager import Model
 
     default = Model()
     assert tokenizer_source(default) == (default.tokenizer_path, "model.tokenizer_path")
@@ -256,7 +256,7 @@ def test_tokenizer_source_rule():
 
 def test_checkpoint_hf_load_source():
     from torchtitan.checkpoint import hf_load_source
-    from torchtitan.config_manager import JobConfig
+    from torchtitan.config.manager import JobConfig
 
     cfg = JobConfig()
     assert hf_load_source(cfg) is None
@@ -269,7 +269,7 @@ def test_checkpoint_hf_load_source():
 def test_export_writes_the_tokenizer_files(trained, tmp_path):
     """A run that trained with a tokenizer.json exports it next to its weights."""
     transformers = pytest.importorskip("transformers")
-    from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
+    from torchtitan.data.hf_tokenizer import write_tokenizer_files
 
     src = trained["metaspace"]
     # BOS / EOS known only from config.json: the export names them in tokenizer_config.json

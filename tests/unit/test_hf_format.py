@@ -141,8 +141,8 @@ TEXTS = [
 
 @pytest.mark.parametrize("kind", ["tiktoken", "sentencepiece"])
 def test_exported_tokenizer_files_load_in_autotokenizer(tmp_path, kind):
-    from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
-    from torchtitan.datasets.tokenizer import build_tokenizer
+    from torchtitan.data.hf_tokenizer import write_tokenizer_files
+    from torchtitan.data.tokenizer import build_tokenizer
 
     ours = build_tokenizer(TOKENIZER_ASSETS / f"{kind}.model")
     write_tokenizer_files(str(tmp_path), ours, 2048)

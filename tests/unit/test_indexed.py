@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchtitan.datasets import build_hf_dataloader
-from torchtitan.datasets.indexed import (
+from torchtitan.data import build_hf_dataloader
+from torchtitan.data.indexed import (
     IndexedCorpus,
     IndexedFile,
     IndexedWriter,
@@ -21,7 +21,7 @@ from torchtitan.datasets.indexed import (
     token_dtype,
     write_manifest,
 )
-from torchtitan.datasets.token_windows import InMemoryDocs, TokenWindows
+from torchtitan.data.token_windows import InMemoryDocs, TokenWindows
 from torchtitan.errors import ConfigError, DataError
 
 VOCAB = 300

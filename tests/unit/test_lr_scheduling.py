@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from torchtitan.config_manager import LRScheduler
-from torchtitan.lr_scheduling import build_lr_scheduler, lr_factor
+from torchtitan.config.manager import LRScheduler
+from torchtitan.optim.lr_scheduling import build_lr_scheduler, lr_factor
 
 
 def _factors(total: int, **kw) -> list[float]:
@@ -71,7 +71,7 @@ def test_scheduler_applies_factor_before_each_step():
 def test_optimizers_share_the_schedule_each_from_its_own_peak():
     """An ``Optimizers``' schedulers (AdamW and Muon beside it): each optimizer's lr is its own
     base lr times the one ``factor()`` the metrics report (``lr`` and ``lr/muon``)."""
-    from torchtitan.lr_scheduling import LRSchedulers
+    from torchtitan.optim.lr_scheduling import LRSchedulers
 
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(2)]
     opts = [torch.optim.SGD([params[0]], lr=8e-4), torch.optim.SGD([params[1]], lr=0.02)]

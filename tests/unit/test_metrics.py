@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchtitan.metrics import peak_flops
+from torchtitan.observability.metrics import peak_flops
 
 
 @pytest.mark.parametrize(

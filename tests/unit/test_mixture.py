@@ -11,13 +11,13 @@ import pytest
 import torch
 from offline_data import ByteTokenizer, use_offline_caches
 
-from torchtitan.config_manager import parse_args
-from torchtitan.datasets import build_hf_dataloader
-from torchtitan.datasets.blend import Blend
-from torchtitan.datasets.indexed import IndexedWriter
-from torchtitan.datasets.mixture import mixture_specs, parse_entries
+from torchtitan.config.manager import parse_args
+from torchtitan.data import build_hf_dataloader
+from torchtitan.data.blend import Blend
+from torchtitan.data.indexed import IndexedWriter
+from torchtitan.data.mixture import mixture_specs, parse_entries
 from torchtitan.errors import ConfigError
-from torchtitan.metrics import MetricsProcessor
+from torchtitan.observability.metrics import MetricsProcessor
 
 
 @pytest.fixture(autouse=True)

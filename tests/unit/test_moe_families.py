@@ -391,7 +391,7 @@ def test_flops_count_the_active_experts_only():
 
 
 def test_registered_train_spec_and_debug_flavor():
-    from torchtitan.train_spec import get_model_args, get_train_spec, spec_for_hf_config
+    from torchtitan.train.spec import get_model_args, get_train_spec, spec_for_hf_config
 
     spec = get_train_spec("qwen3_moe")
     assert spec.cls is Qwen3MoeModel and spec.state_dict_adapter is Qwen3MoeStateDictAdapter

@@ -19,11 +19,11 @@ from norm_checks import (
 )
 from repo_paths import DEBUG_TOML, TOKENIZER
 
-from torchtitan.config_manager import Model, parse_args
+from torchtitan.config.manager import Model, parse_args
 from torchtitan.errors import ConfigError
+from torchtitan.models.common.norms.rmsnorm import NORM_TYPES, RMSNorm, build_norm, rms_norm
 from torchtitan.models.llama.flavors import llama3_configs
 from torchtitan.models.llama.model import ModelArgs
-from torchtitan.models.norms import NORM_TYPES, RMSNorm, build_norm, rms_norm
 
 # --------------------------------------------------------------------------------------------
 # fused_rmsnorm off CUDA: PyTorch operations, the same math as rmsnorm
@@ -33,7 +33,7 @@ from torchtitan.models.norms import NORM_TYPES, RMSNorm, build_norm, rms_norm
 def test_fused_off_cuda_computes_the_same_math():
     """Without CUDA or the interpreter the fused ops run PyTorch operations (the path used by
     the CPU tests of the wiring): same results, and shapes only on meta tensors."""
-    from torchtitan.models.fused_rmsnorm import fused_rms_norm, uses_triton
+    from torchtitan.models.common.norms.fused import fused_rms_norm, uses_triton
 
     for dtype in (torch.float32, torch.bfloat16):
         x, weight, dy = random_case((4, 7, 96), dtype)
@@ -73,7 +73,7 @@ def test_bad_norm_type_is_one_line():
 
 
 def test_preflight_passes_norm_type_to_model_args():
-    from torchtitan.job_plan import plan_job
+    from torchtitan.train.plan import plan_job
 
     for norm_type in ("rmsnorm", "compiled_rmsnorm"):
         cfg = parse_args(["--job.config_file", DEBUG_TOML, "--model.norm_type", norm_type])

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from torchtitan.config_manager import Optimizer as OptimizerConfig
+from torchtitan.config.manager import Optimizer as OptimizerConfig
 from torchtitan.errors import ConfigError
 from torchtitan.models.llama.flavors import llama3_configs
 from torchtitan.models.llama.model import Transformer
@@ -17,8 +17,14 @@ from torchtitan.models.llama4.flavors import llama4_configs
 from torchtitan.models.llama4.model import Llama4Model
 from torchtitan.models.qwen3.flavors import qwen3_configs
 from torchtitan.models.qwen3.model import Qwen3Model
-from torchtitan.optimizer import build_optimizer
-from torchtitan.param_groups import categories, check_and_log, clean_name, parse_rules, plan_groups
+from torchtitan.optim.optimizers import build_optimizer
+from torchtitan.optim.param_groups import (
+    categories,
+    check_and_log,
+    clean_name,
+    parse_rules,
+    plan_groups,
+)
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from repo_paths import DEBUG_TOML, TOKENIZER
 
-from torchtitan.config_manager import parse_args
+from torchtitan.config.manager import parse_args
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.distributed.pipeline import (
@@ -18,8 +18,8 @@ from torchtitan.distributed.pipeline import (
     split_model,
 )
 from torchtitan.errors import ConfigError
-from torchtitan.job_plan import plan_job
 from torchtitan.models.llama.model import ModelArgs, Transformer
+from torchtitan.train.plan import plan_job
 
 DEBUG_ARGS = ModelArgs(dim=256, n_layers=6, n_heads=16, n_kv_heads=8, vocab_size=2256)
 

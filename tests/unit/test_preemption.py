@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from torchtitan.config_manager import parse_args
+from torchtitan.config.manager import parse_args
 from torchtitan.errors import ConfigError
-from torchtitan.preemption import (
+from torchtitan.resilience.preemption import (
     INTERRUPTED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     Interrupted,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchtitan.config_manager import parse_args
+from torchtitan.config.manager import parse_args
 from torchtitan.errors import ConfigError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from torchtitan.progress import Progress
+from torchtitan.observability.progress import Progress
 
 
 class _Terminal(io.StringIO):

@@ -304,7 +304,7 @@ def test_flops_formula():
 
 
 def test_registered_train_spec_and_debug_flavor():
-    from torchtitan.train_spec import get_model_args, get_train_spec, spec_for_hf_config
+    from torchtitan.train.spec import get_model_args, get_train_spec, spec_for_hf_config
 
     spec = get_train_spec("qwen3")
     assert spec.cls is Qwen3Model and spec.state_dict_adapter is Qwen3StateDictAdapter
@@ -324,9 +324,9 @@ def test_registered_train_spec_and_debug_flavor():
 def test_published_flavor_keeps_its_padded_table_for_its_own_tokenizer():
     """Qwen3's 151,669-token tokenizer sizes the embedding at the published 151,936 rows (so the
     published weights load); another tokenizer for a published flavor is still refused."""
-    from torchtitan.config_manager import parse_args
+    from torchtitan.config.manager import parse_args
     from torchtitan.errors import ConfigError
-    from torchtitan.job_plan import check_vocab
+    from torchtitan.train.plan import check_vocab
 
     cfg = parse_args(["--model.name", "qwen3", "--model.flavor", "0.6B"], need_files=False)
     args = qwen3_configs["0.6B"]

@@ -13,7 +13,12 @@ import torch
 import torch.distributed as dist
 from log_capture import logged
 
-from torchtitan.stragglers import StragglerReport, busy_seconds, straggler_line, summarize
+from torchtitan.resilience.stragglers import (
+    StragglerReport,
+    busy_seconds,
+    straggler_line,
+    summarize,
+)
 
 
 @pytest.fixture

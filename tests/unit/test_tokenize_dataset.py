@@ -20,8 +20,8 @@ import pytest
 from offline_data import use_offline_caches
 from repo_paths import DEBUG_TOML, ROOT, TOKENIZER, load_script
 
-from torchtitan.datasets.indexed import open_corpus, read_manifest
-from torchtitan.datasets.tokenizer import build_tokenizer
+from torchtitan.data.indexed import open_corpus, read_manifest
+from torchtitan.data.tokenizer import build_tokenizer
 from torchtitan.errors import ConfigError, DataError
 
 SCRIPT = load_script("tokenize_dataset")
@@ -158,7 +158,7 @@ KILL_AFTER_ADDS = """
 import os, signal, sys
 sys.path.insert(0, {scripts!r})
 import tokenize_dataset
-from torchtitan.datasets import indexed
+from torchtitan.data import indexed
 
 add_many, added = indexed.IndexedWriter.add_many, []
 

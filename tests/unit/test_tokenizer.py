@@ -15,7 +15,7 @@ import pytest
 from download_scripts import SECRET, load_download_script
 from repo_paths import ROOT, SENTENCEPIECE_PATH, TIKTOKEN_PATH, TOKENIZER_ASSETS, load_script
 
-from torchtitan.datasets.tokenizer import (
+from torchtitan.data.tokenizer import (
     MAX_RUN_CHARS,
     SentencePieceTokenizer,
     TikTokenizer,
@@ -192,7 +192,7 @@ def test_autodetect(tmp_path):
 
 
 def test_autodetect_crlf_and_partial_sniff(tmp_path, monkeypatch, tt):
-    import torchtitan.datasets.tokenizer as tokenizer_module
+    import torchtitan.data.tokenizer as tokenizer_module
 
     path = tmp_path / "tokenizer.model"
     path.write_bytes(TIKTOKEN_PATH.read_bytes().replace(b"\n", b"\r\n"))
@@ -204,7 +204,7 @@ def test_autodetect_crlf_and_partial_sniff(tmp_path, monkeypatch, tt):
 
 
 def test_error_file_too_large(tmp_path, monkeypatch):
-    import torchtitan.datasets.tokenizer as tokenizer_module
+    import torchtitan.data.tokenizer as tokenizer_module
 
     monkeypatch.setattr(tokenizer_module, "_MAX_TOKENIZER_BYTES", 1000)
     path = tmp_path / "model.safetensors"
@@ -319,7 +319,7 @@ def test_error_unreadable_file(tmp_path):
 
 
 def test_error_unreadable_file_simulated(tmp_path, monkeypatch):
-    import torchtitan.datasets.tokenizer as tokenizer_module
+    import torchtitan.data.tokenizer as tokenizer_module
 
     def deny(*args, **kwargs):
         raise PermissionError(13, "Permission denied")

@@ -20,11 +20,11 @@ from sized_tokenizers import (
     llama4_sized_tiktoken,
 )
 
-from torchtitan import preflight
-from torchtitan.config_manager import parse_args
-from torchtitan.datasets.tokenizer import LLAMA4_SPLIT_PATTERN, build_tokenizer
+from torchtitan.config.manager import parse_args
+from torchtitan.data.tokenizer import LLAMA4_SPLIT_PATTERN, build_tokenizer
 from torchtitan.errors import ConfigError, Problems
-from torchtitan.job_plan import plan_job
+from torchtitan.train import preflight
+from torchtitan.train.plan import plan_job
 
 sys.path.insert(0, str(ROOT / "scripts"))
 

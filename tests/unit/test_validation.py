@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from torchtitan.config_manager import parse_args
+from torchtitan.config.manager import parse_args
 from torchtitan.errors import ConfigError
-from torchtitan.job_plan import plan_job
+from torchtitan.train.plan import plan_job
 
 
 def test_validation_shape_errors_name_the_key():

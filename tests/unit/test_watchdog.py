@@ -9,7 +9,7 @@ import time
 import pytest
 from log_capture import logged
 
-from torchtitan.watchdog import SHARE_OF_TIMEOUT, HangWatchdog
+from torchtitan.resilience.watchdog import SHARE_OF_TIMEOUT, HangWatchdog
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchtitan.checkpoint.errors import CheckpointError
-from torchtitan.log import logger
+from torchtitan.observability.log import logger
 
 MARKER = "COMPLETE"
 

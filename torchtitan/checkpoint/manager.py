@@ -96,9 +96,9 @@ from torchtitan.checkpoint.states import (
     TrainState,
 )
 from torchtitan.checkpoint.unfused import apply_merges, plan_unfused_load
-from torchtitan.config_manager import JobConfig
+from torchtitan.config.manager import JobConfig
 from torchtitan.errors import CheckpointSaveFailed
-from torchtitan.log import logger
+from torchtitan.observability.log import logger
 
 __all__ = ["CheckpointError", "CheckpointManager"]
 

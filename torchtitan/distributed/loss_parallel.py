@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
-from torchtitan.config_manager import JobConfig
+from torchtitan.config.manager import JobConfig
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.log import logger
+from torchtitan.observability.log import logger
 
 
 def uses_loss_parallel(dims: ParallelDims, job_config: JobConfig) -> bool:

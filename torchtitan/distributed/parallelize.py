@@ -21,8 +21,7 @@ from typing import Any
 import torch.nn as nn
 from torch.distributed.tensor.parallel import parallelize_module
 
-from torchtitan import float8
-from torchtitan.config_manager import JobConfig
+from torchtitan.config.manager import JobConfig
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.context_parallel import apply_cp
 from torchtitan.distributed.data_parallel import DTYPES, apply_ddp, apply_fsdp, param_dtype
@@ -30,7 +29,8 @@ from torchtitan.distributed.expert_parallel import ExpertParallel
 from torchtitan.distributed.loss_parallel import uses_loss_parallel
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.tensor_parallel import apply_tp
-from torchtitan.log import logger
+from torchtitan.observability.log import logger
+from torchtitan.quantization import float8
 
 
 def parallelize_decoder(

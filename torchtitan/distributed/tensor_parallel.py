@@ -31,9 +31,9 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from torchtitan import float8
 from torchtitan.distributed.utils import waited
-from torchtitan.log import logger
+from torchtitan.observability.log import logger
+from torchtitan.quantization import float8
 
 
 def apply_tp(

@@ -176,7 +176,7 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 class SteppedGradNorms:
     """Squared norms of the gradients that ``optimizer.early_step_in_backward`` consumed and
-    freed during backward (``torchtitan/optimizer.py``), so that the step still reports the norm
+    freed during backward (``torchtitan/optim/optimizers.py``), so that the step still reports the norm
     of its whole gradient. Summed locally per mesh and placements as backward produces them;
     :meth:`take` reduces each sum over the mesh dims its gradients are split on (a dim they are
     replicated on holds the same values on every rank) and starts again."""

@@ -5,7 +5,7 @@
 * ``causal``: every position attends to every earlier position of its row, across the
   documents packed into it (SDPA's ``is_causal``).
 * ``block_causal``: a position attends only to earlier positions of its own document. The data
-  loader says where documents start (``doc_ids``, see :mod:`torchtitan.datasets.batch`); the
+  loader says where documents start (``doc_ids``, see :mod:`torchtitan.data.batch`); the
   model turns them into a mask once per forward (:meth:`CausalAttention.mask_for`) and hands it
   to every block.
 

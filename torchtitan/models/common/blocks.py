@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtitan.models.common.attention import CausalAttention
-from torchtitan.models.norms import build_norm
+from torchtitan.models.common.norms.rmsnorm import build_norm
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ from torch import nn
 from torchtitan.models.common.attention import ATTN_MASK_TYPES
 from torchtitan.models.common.blocks import trunc_normal_
 from torchtitan.models.common.moe import inactive_params
-from torchtitan.models.norms import NORM_TYPES
+from torchtitan.models.common.norms.rmsnorm import NORM_TYPES
 
 
 def check_decoder_args(args: Any) -> None:
@@ -152,7 +152,7 @@ class Decoder(nn.Module, ABC):
         """Logits for every position (the final norm's output with ``output_in_loss``); stages
         without embeddings take hidden states instead, stages without the output return them.
 
-        ``doc_ids [B, T]`` (see :mod:`torchtitan.datasets.batch`) say where the packed documents
+        ``doc_ids [B, T]`` (see :mod:`torchtitan.data.batch`) say where the packed documents
         start; with ``attn_mask_type = "block_causal"`` attention stays within them, otherwise
         they are not used."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens

@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 import torch
 
 from torchtitan.errors import HFFormatError
-from torchtitan.log import logger
 from torchtitan.models.common.blocks import fuse_qkv, split_qkv
+from torchtitan.observability.log import logger
 
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchtitan.datasets import build_hf_dataloader
-from torchtitan.datasets.hf_tokenizer import write_tokenizer_files
-from torchtitan.datasets.tokenizer import build_tokenizer
+from torchtitan.data import build_hf_dataloader
+from torchtitan.data.hf_tokenizer import write_tokenizer_files
+from torchtitan.data.tokenizer import build_tokenizer
 from torchtitan.distributed.pipeline import split_model
-from torchtitan.lr_scheduling import build_lr_scheduler
 from torchtitan.models.common.decoder import get_nparams_and_flops
 from torchtitan.models.common.loss import cross_entropy_loss
-from torchtitan.optimizer import build_optimizer
-from torchtitan.train_spec import TrainSpec, register_train_spec
+from torchtitan.optim.lr_scheduling import build_lr_scheduler
+from torchtitan.optim.optimizers import build_optimizer
+from torchtitan.train.spec import TrainSpec, register_train_spec
 
 __all__ = ["register_decoder_family"]
 

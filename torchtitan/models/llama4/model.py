@@ -34,8 +34,8 @@ from torch import nn
 from torchtitan.models.common.blocks import GroupedQueryAttention, TransformerBlock
 from torchtitan.models.common.decoder import Decoder, check_decoder_args
 from torchtitan.models.common.moe import MoEArgs
+from torchtitan.models.common.norms.rmsnorm import build_norm
 from torchtitan.models.llama.model import apply_rotary_emb, rope_inv_freqs
-from torchtitan.models.norms import build_norm
 
 __all__ = ["Llama4ModelArgs", "Llama4Attention", "Llama4Model"]
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from torchtitan.models.common.blocks import GroupedQueryAttention, TransformerBlock
 from torchtitan.models.common.decoder import Decoder, check_decoder_args, get_nparams_and_flops
-from torchtitan.models.norms import build_norm
+from torchtitan.models.common.norms.rmsnorm import build_norm
 
 __all__ = [
     "Qwen3ModelArgs",
@@ -66,7 +66,7 @@ class Qwen3ModelArgs:
     max_seq_len: int = 4096  # length of the precomputed rotary table
     tie_word_embeddings: bool = False  # output.weight is tok_embeddings.weight
     depth_init: bool = True  # scale wo/w2 init by the layer's depth rather than by n_layers
-    # RMSNorm implementation (same math and parameter, see torchtitan/models/norms.py)
+    # RMSNorm implementation (same math and parameter, see torchtitan/models/common/norms/rmsnorm.py)
     norm_type: str = "rmsnorm"
     # "causal" or "block_causal" (attention within packed documents, see models/common/attention.py);
     # how a run trains, not an architecture setting: not in config.json, not compared

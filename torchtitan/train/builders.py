@@ -1,0 +1,301 @@
+"""How a run's parts are built, once. ``train.py``, the validator, the benchmarks and the scripts
+call these instead of repeating the steps.
+
+:func:`init_runtime` (devices, processes, the job plan, the mesh, seeds) comes first; the others
+take the :class:`Runtime` it returns. Everything family-specific comes from the train spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from torchtitan.checkpoint import CheckpointManager, TrainState
+from torchtitan.checkpoint.hf_exchange import HFExchange
+from torchtitan.checkpoint.mismatch import run_facts
+from torchtitan.config.manager import JobConfig
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.distributed.loss_parallel import build_loss_fn
+from torchtitan.distributed.param_init import layout_invariant_init
+from torchtitan.distributed.pipeline import Pipeline
+from torchtitan.errors import ConfigError
+from torchtitan.models.common.moe import inactive_params
+from torchtitan.observability.log import logger
+from torchtitan.optim.param_groups import check_and_log
+from torchtitan.quantization.float8 import apply_converters
+from torchtitan.train import runtime
+from torchtitan.train.plan import JobPlan, check_vocab, plan_job
+from torchtitan.train.step import StepRunner
+
+
+@dataclass
+class Runtime:
+    """This process's place in the run: its device and rank, and the checked job plan (the
+    parallel layout, owning its mesh, the model family and the batch arithmetic)."""
+
+    device: torch.device
+    rank: int
+    world_size: int
+    plan: JobPlan
+    seed: int
+
+    @property
+    def dims(self) -> Any:
+        return self.plan.dims
+
+    @property
+    def spec(self) -> Any:
+        return self.plan.spec
+
+
+def init_runtime(job_config: JobConfig) -> Runtime:
+    """The device, the process group (under torchrun), the job plan, the device mesh and the
+    seeds. Raises ConfigError(s) for a job that cannot run on this world."""
+    device = dist_utils.init_device()
+    dist_utils.init_distributed(device, job_config.comm, job_config.job.dump_folder)
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    plan = plan_job(job_config, world_size)
+    plan.dims.build_mesh(dist_utils.device_type)
+    seed = runtime.resolve_seed(job_config.debug.seed, device)
+    runtime.set_determinism(seed, job_config.debug.deterministic)
+    return Runtime(device, rank, world_size, plan, seed)
+
+
+def build_tokenizer(job_config: JobConfig, spec: Any) -> Any:
+    path, key = job_config.model.tokenizer_source()
+    tokenizer = spec.build_tokenizer_fn(path, key=key)
+    logger.info(f"Tokenizer {path} ({key}): {tokenizer.n_words:,} tokens")
+    return tokenizer
+
+
+def build_dataloader(job_config: JobConfig, rt: Runtime, tokenizer: Any) -> Any:
+    """The training data of this data-parallel rank (infinite, checkpointable); read by worker
+    processes with ``training.dataloader.num_workers`` > 0."""
+    loader = dataloader_for(
+        job_config, rt.spec, tokenizer, rt.dims.dp_rank, rt.dims.dp, rt.plan.global_batch_size
+    )
+    w = job_config.training.dataloader
+    if w.num_workers == 0:
+        return loader
+    from torchtitan.data.workers import WorkerLoader
+
+    return WorkerLoader(loader, w.num_workers, prefetch_factor=w.prefetch_factor,
+                        pin_memory=w.pin_memory, persistent_workers=w.persistent_workers)  # fmt: skip
+
+
+def dataloader_for(
+    job_config: JobConfig,
+    spec: Any,
+    tokenizer: Any,
+    dp_rank: int,
+    dp_world_size: int,
+    global_batch_size: int,
+) -> Any:
+    """The training loader of data-parallel rank ``dp_rank`` of ``dp_world_size`` (the
+    benchmarks build any rank's without processes)."""
+    t = job_config.training
+    return spec.build_dataloader_fn(
+        dataset=t.dataset,
+        dataset_path=t.dataset_path,
+        tokenizer=tokenizer,
+        local_batch_size=t.local_batch_size,
+        global_batch_size=global_batch_size,
+        seq_len=t.seq_len,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        text_field=t.dataset_text_field,
+        streaming=t.dataset_streaming,
+        seed=t.data_seed,
+        shuffle=t.shuffle,
+        shuffle_buffer=t.shuffle_buffer,
+        datasets=t.datasets,
+        mask_document_starts=t.mask_document_starts,
+    )
+
+
+def build_validation_loader(job_config: JobConfig, rt: Runtime, tokenizer: Any) -> Any:
+    """The held-out data of this data-parallel rank (one pass per evaluation), or None."""
+    v, t = job_config.validation, job_config.training
+    if not v.enable:
+        return None
+    return rt.spec.build_dataloader_fn(
+        dataset=v.dataset,
+        dataset_path=v.dataset_path,
+        tokenizer=tokenizer,
+        local_batch_size=v.local_batch_size or t.local_batch_size,
+        seq_len=v.seq_len or t.seq_len,
+        dp_rank=rt.dims.dp_rank,
+        dp_world_size=rt.dims.dp,
+        infinite=False,
+        split="validation",
+        section="validation",
+        datasets=v.datasets,
+        mask_document_starts=t.mask_document_starts,
+    )
+
+
+@dataclass
+class BuiltModel:
+    """This rank's share of the model: its pipeline stages by index (``{0: model}`` without
+    pipelining), parallelized and (unless asked not to) materialized."""
+
+    stages: dict[int, nn.Module]
+    args: Any
+    nparams: int  # of the whole model
+    flops_per_token: int
+
+    @property
+    def parts(self) -> list[nn.Module]:
+        return list(self.stages.values())
+
+
+def build_model(
+    job_config: JobConfig,
+    rt: Runtime,
+    n_words: int,
+    *,
+    materialize: bool = True,
+    on_meta: Callable[[str], None] | None = None,
+) -> BuiltModel:
+    """Described once, built on the meta device, converted (float8), cut into this rank's
+    pipeline stages, each parallelized by the family's plan, then materialized with
+    layout-invariant init (left on the meta device with ``materialize=False``).
+    ``on_meta("model on meta")`` is called once the meta model exists (start-up timing)."""
+    t, spec = job_config.training, rt.spec
+    vocab_size = check_vocab(job_config, rt.plan.model_args, n_words)
+    args = dataclasses.replace(rt.plan.model_args, vocab_size=vocab_size, max_seq_len=t.seq_len)
+    with torch.device("meta"):
+        model = spec.cls(args)
+    nparams, flops_per_token = spec.nparams_and_flops_fn(model, args, t.seq_len)
+    m = job_config.model
+    cut = f" cut to {m.n_layers} layers (model.n_layers)" if m.n_layers else ""
+    inactive = inactive_params(model)  # mixture of experts: a token uses top_k of them
+    active = f" ({nparams - inactive:,} active per token)" if inactive else ""
+    logger.info(
+        f"Model {m.name} {m.flavor}{cut}: {nparams:,} parameters{active}, {flops_per_token:,} training "
+        f"FLOPs per token (seq_len {t.seq_len}), vocab {args.vocab_size}"
+    )
+    apply_converters(model, job_config)  # e.g. float8 linears, before any sharding
+    if m.print_after_conversion:
+        logger.info(f"Model after model.converters:\n{model}")
+    if on_meta is not None:
+        on_meta("model on meta")
+    stages = _split_into_stages(model, rt)
+    for index, part in stages.items():
+        stages[index] = spec.parallelize_fn(part, rt.dims, job_config, dist_utils.device_type)
+        if materialize:
+            _materialize(stages[index], rt.device, rt.seed)
+    built = BuiltModel(stages, args, nparams, flops_per_token)
+    local = sum(_local_numel(p) for part in built.parts for p in part.parameters())
+    logger.info(f"Parameters on this rank: {local:,} of {nparams:,} ({100 * local / nparams:.1f}%)")
+    return built
+
+
+def _split_into_stages(model: nn.Module, rt: Runtime) -> dict[int, nn.Module]:
+    """This rank's pipeline stages by index (the layout is logged), or ``{0: model}``."""
+    pipeline_plan, spec = rt.plan.pipeline, rt.spec
+    if pipeline_plan is None:
+        return {0: model}
+    if spec.pipelining_fn is None:
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_degree: model '{spec.name}' has no pipelining "
+            "function in its train spec; use 1"
+        )
+    logger.info(pipeline_plan.describe())
+    return spec.pipelining_fn(model, pipeline_plan, rt.dims.pp_rank)
+
+
+def _materialize(part: nn.Module, device: torch.device, seed: int) -> None:
+    """Allocate a meta-device (parallelized) part and initialize it as in the unsplit model."""
+    part.to_empty(device=device)
+    with torch.no_grad(), layout_invariant_init(part, seed):
+        part.init_weights()
+    part.train()
+
+
+def _local_numel(p: torch.Tensor) -> int:
+    return p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+
+
+def build_step_runner(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> StepRunner:
+    """The loss (compiled if ``compile.components`` says so) and, under pipeline parallelism,
+    the schedule over this rank's stages, wrapped in the one step runner."""
+    loss_fn = build_loss_fn(rt.spec.loss_fn, rt.dims, job_config, model.parts)
+    pipeline = None
+    if rt.plan.pipeline is not None:
+        pipeline = Pipeline(
+            rt.plan.pipeline,
+            model.stages,
+            rt.device,
+            rt.dims.pp_group,
+            loss_fn,
+        )
+    return StepRunner(
+        job_config,
+        rt.dims,
+        model=model.parts[0],
+        pipeline=pipeline,
+        loss_fn=loss_fn,
+        device=rt.device,
+    )
+
+
+def build_optimizer(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> tuple[Any, Any]:
+    """The optimizer over this rank's parts and its learning-rate schedule."""
+    optimizer = rt.spec.build_optimizer_fn(model.parts, job_config.optimizer)
+    if hasattr(optimizer, "plans"):  # parameter groups: every rule used; logged on rank 0
+        check_and_log(optimizer.plans, optimizer.rules, optimizer.rule_hits,
+                      rt.dims.pp_group, rt.rank == 0)  # fmt: skip
+    steps = job_config.lr_scheduler.total_steps or job_config.training.steps
+    lr_scheduler = rt.spec.build_lr_scheduler_fn(optimizer, job_config.lr_scheduler, steps)
+    return optimizer, lr_scheduler
+
+
+def build_checkpointer(
+    job_config: JobConfig,
+    rt: Runtime,
+    model: BuiltModel,
+    *,
+    optimizer: Any,
+    lr_scheduler: Any,
+    dataloader: Any,
+    train_state: TrainState,
+    tokenizer: Any,
+) -> CheckpointManager:
+    """The checkpoint manager over everything a resume needs, with the family's Hugging Face
+    adapter and tokenizer-export hook from its train spec."""
+    return CheckpointManager(
+        job_config,
+        model_parts=model.parts,
+        optimizers=optimizer,
+        lr_schedulers=lr_scheduler,
+        dataloader=dataloader,
+        train_state=train_state,
+        rank=rt.rank,
+        world_size=rt.world_size,
+        model_args=model.args,
+        hf=HFExchange(
+            adapter=rt.spec.state_dict_adapter,
+            tokenizer=tokenizer,
+            export_tokenizer=rt.spec.export_tokenizer_fn,
+            pp_rank=rt.dims.pp_rank,
+            pp_degree=rt.dims.pp,
+        ),
+        run_facts=run_facts(
+            global_batch_size=rt.plan.global_batch_size,
+            local_batch_size=job_config.training.local_batch_size,
+            dp=rt.dims.dp,
+            model_name=job_config.model.name,
+            flavor=job_config.model.flavor,
+            vocab_size=model.args.vocab_size,
+            parameters=model.nparams,
+            optimizer=job_config.optimizer.name,
+        ),
+    )

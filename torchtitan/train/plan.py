@@ -1,0 +1,335 @@
+"""The job's plan: the configuration checked against the world it will run on.
+
+:func:`plan_job` resolves the parallel layout (``ParallelDims``), the model family (its train
+spec) and arguments, the pipeline plan and the batch arithmetic, and reports every problem at
+once, each with the file or flag that set the key. ``train.py`` (through the builders), the
+launcher's preflight (``python -m torchtitan.preflight``) and the memory estimator call it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchtitan.config.manager import (
+    JobConfig,
+    global_batch,
+    import_user_module,
+    located,
+)
+from torchtitan.data.mixture import check_data_config
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.pipeline import PipelinePlan, check_pipeline_config
+from torchtitan.errors import ConfigError, ConfigErrors, Problems
+from torchtitan.quantization.float8 import check_converters
+from torchtitan.train.spec import TrainSpec, get_model_args, get_train_spec
+
+
+@dataclass
+class JobPlan:
+    """What the checks resolved: the parallel layout, the model family and its arguments."""
+
+    dims: ParallelDims
+    spec: TrainSpec
+    model_args: Any
+    grad_accum_steps: int
+    global_batch_size: int
+    pipeline: PipelinePlan | None = None  # set when parallelism.pipeline_parallel_degree > 1
+
+
+def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = None) -> JobPlan:
+    """The job's plan for ``world_size`` processes on ``device_type`` (default: this machine's),
+    or ConfigError(s) naming every problem found, each with the file or flag that set the key."""
+    device_type = device_type or dist_utils.device_type
+    problems = Problems()
+    with problems.collect():
+        import_custom_module(job_config.job.custom_import)
+    with problems.collect():
+        _check_device_features(job_config, device_type)
+    with problems.collect():
+        _check_dump_folder(job_config.job.dump_folder)
+    with problems.collect():
+        check_data_config(job_config.training)
+    with problems.collect():
+        _check_dataloader_workers(job_config.training)
+    dims = spec = model_args = pipeline = None
+    with problems.collect():
+        dims = _dims(job_config, world_size)
+    with problems.collect():
+        spec = get_train_spec(job_config.model.name)
+        model_args = resolve_model_args(job_config)
+    if dims is not None:
+        for layout_check in (_check_validation, _check_sequence_split):
+            with problems.collect():
+                layout_check(job_config, dims)
+    if dims is not None and model_args is not None:
+        with problems.collect():
+            _check_model_fits_layout(dims, model_args)
+        if dims.pp > 1:
+            with problems.collect():
+                pipeline = check_pipeline_config(job_config, model_args, dims)
+        elif job_config.parallelism.pipeline_parallel_schedule_csv:
+            problems.add(
+                "parallelism.pipeline_parallel_schedule_csv: a pipeline schedule, but "
+                "parallelism.pipeline_parallel_degree is 1; set the degree, or leave it empty"
+            )
+    global_batch = accum = 0
+    if dims is not None:
+        with problems.collect():
+            global_batch, accum = _global_batch(job_config.training, dims)
+        if job_config.optimizer.early_step_in_backward:
+            with problems.collect():
+                _check_early_step(job_config, dims, accum)
+    if problems.lines:
+        raise located(job_config, ConfigErrors(problems.lines))
+    return JobPlan(dims, spec, model_args, accum, global_batch, pipeline)
+
+
+def _dims(job_config: JobConfig, world_size: int) -> ParallelDims:
+    p = job_config.parallelism
+    if job_config.checkpoint.create_seed_checkpoint:  # the whole model in one process
+        if world_size != 1:
+            raise ConfigError(
+                f"checkpoint.create_seed_checkpoint: runs on one process (NGPU=1), not "
+                f"{world_size}; the seed then starts runs of any layout"
+            )
+        return ParallelDims(1, 1, 1, 1, 1, world_size=1)
+    return ParallelDims(
+        dp_replicate=p.data_parallel_replicate_degree,
+        dp_shard=p.data_parallel_shard_degree,
+        cp=p.context_parallel_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        world_size=world_size,
+        ep=p.expert_parallel_degree,
+        etp=p.expert_tensor_parallel_degree,
+    )
+
+
+def _global_batch(t: Any, dims: ParallelDims) -> tuple[int, int]:
+    """(global batch, gradient accumulation steps)."""
+    if t.local_batch_size < 1:
+        return 0, 0  # reported by the config's own checks
+    return global_batch(t.local_batch_size, t.global_batch_size, dims.dp)
+
+
+def _check_dataloader_workers(t: Any) -> None:
+    """``[training.dataloader]``: each worker reads whole rows of every local batch."""
+    w, key = t.dataloader, "training.dataloader"
+    if w.num_workers > t.local_batch_size:
+        raise ConfigError(
+            f"{key}.num_workers: {w.num_workers} workers, but each reads whole rows of every "
+            f"batch and training.local_batch_size is {t.local_batch_size}; use at most "
+            f"{t.local_batch_size}"
+        )
+    for name in ("persistent_workers", "pin_memory"):
+        if getattr(w, name) and w.num_workers == 0:
+            raise ConfigError(
+                f"{key}.{name}: applies to worker processes; set {key}.num_workers > 0, or "
+                f"leave {name} false"
+            )
+
+
+def _check_early_step(job_config: JobConfig, dims: ParallelDims, accum: int) -> None:
+    """``optimizer.early_step_in_backward`` updates each parameter once its gradient is whole:
+    what needs the gradients of a step together, or more than one backward per step, cannot."""
+    key = "optimizer.early_step_in_backward"
+    if dims.pp > 1:
+        raise ConfigError(
+            f"{key}: a pipeline stage runs backward once per micro-batch, so each would step; "
+            "turn it off with parallelism.pipeline_parallel_degree > 1"
+        )
+    if accum > 1:
+        raise ConfigError(
+            f"{key}: training.global_batch_size {job_config.training.global_batch_size} takes "
+            f"{accum} backward passes per step (accumulation), each would step; use "
+            "global_batch_size = local_batch_size x the data-parallel degree (-1)"
+        )
+    if dims.dp_replicate > 1 and not dims.uses_fully_shard:
+        raise ConfigError(
+            f"{key}: DDP (parallelism.data_parallel_replicate_degree "
+            f"{dims.dp_replicate}) averages gradients after backward has them; use "
+            "data_parallel_shard_degree (FSDP reduces each gradient before it steps)"
+        )
+    if job_config.optimizer.name == "Muon":
+        raise ConfigError(
+            f"{key}: Muon orthogonalizes whole matrices across ranks at the step; use AdamW or Adam"
+        )
+    if job_config.resilience.loss_spike_zscore > 0:
+        raise ConfigError(
+            f"{key}: resilience.loss_spike_zscore skips a step's update after backward, when it "
+            "is already applied; set loss_spike_zscore = 0"
+        )
+    if job_config.checkpoint.enable and job_config.checkpoint.async_mode != "disabled":
+        raise ConfigError(
+            f"{key}: checkpoint.async_mode {job_config.checkpoint.async_mode} copies the weights "
+            "while the next step runs, and that step updates them in backward; use disabled"
+        )
+
+
+def _check_dump_folder(folder: str) -> None:
+    """The run writes logs, metrics and checkpoints here: it must be creatable and writable."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"job.dump_folder: '{folder}' cannot be created or written ({e.strerror or e}); give "
+            "a folder this user can write"
+        ) from None
+
+
+def import_custom_module(name: str | None) -> None:
+    """``job.custom_import``: a user's module (dotted name or .py file) imported for its side
+    effects, such as registering a model family with ``register_train_spec``."""
+    if name:
+        import_user_module(name, "job.custom_import", "what it registers")
+
+
+def check_vocab(job_config: JobConfig, model_args: Any, n_words: int) -> int:
+    """The embedding's vocabulary size: the tokenizer's, or a published flavor's own. A flavor's
+    table may be padded beyond its tokenizer (Qwen3: 151,936 rows for 151,669 tokens; the args'
+    ``tokenizer_vocab_size``): that tokenizer keeps the published size, so published weights
+    load. Any other tokenizer for a published flavor (a dropped tokenizer key picking up the test
+    tokenizer, say) is refused unless ``model.vocab_size_from_tokenizer`` says it is meant."""
+    published = getattr(model_args, "vocab_size", -1)
+    if published <= 0 or n_words == published or job_config.model.vocab_size_from_tokenizer:
+        return n_words
+    if n_words == getattr(model_args, "tokenizer_vocab_size", None):
+        return published
+    m = job_config.model
+    path, key = m.tokenizer_source()
+    raise ConfigError(
+        f"{key}: the tokenizer '{path}' has {n_words:,} tokens, but {m.name} {m.flavor} has a "
+        f"vocabulary of {published:,}; use the model's own tokenizer, or set "
+        "model.vocab_size_from_tokenizer = true to size the embedding from this one"
+    )
+
+
+def resolve_model_args(job_config: JobConfig) -> Any:
+    """The flavor's model arguments with the ``model.*`` overrides applied."""
+    m = job_config.model
+    flavor = get_model_args(m.name, m.flavor)
+    changes: dict[str, Any] = {}
+    if getattr(flavor, "moe", None) is not None:  # how the run balances and runs its experts
+        e = job_config.moe
+        changes["moe"] = dataclasses.replace(
+            flavor.moe,
+            load_balance_coeff=e.load_balance_coeff,
+            aux_loss_coeff=e.aux_loss_coeff,
+            grouped_mm=e.grouped_mm,
+        )
+    return dataclasses.replace(
+        flavor,
+        norm_type=m.norm_type,
+        n_layers=m.n_layers or flavor.n_layers,
+        attn_mask_type=m.attn_mask_type,
+        **changes,
+    )
+
+
+def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
+    moe = getattr(args, "moe", None)
+    if dims.ep > 1 and moe is None:
+        raise ConfigError(
+            f"parallelism.expert_parallel_degree: {dims.ep}, but this model has no experts; "
+            "use 1 (or a mixture-of-experts model)"
+        )
+    if moe is not None and moe.num_experts % dims.ep:
+        raise ConfigError(
+            f"parallelism.expert_parallel_degree: {dims.ep} does not divide the model's "
+            f"{moe.num_experts} experts; use a divisor of it"
+        )
+    key = "parallelism.tensor_parallel_degree"
+    sizes = (("n_heads", args.n_heads), ("n_kv_heads", args.n_kv_heads), ("dim", args.dim))
+    for what, n in sizes + (("feed-forward hidden size", args.ffn_hidden_dim()),):
+        if n % dims.tp:
+            raise ConfigError(
+                f"{key}: {dims.tp} does not divide the model's {what} ({n}); use a divisor of it"
+            )
+
+
+def _check_validation(job_config: JobConfig, dims: ParallelDims) -> None:
+    v, t = job_config.validation, job_config.training
+    if not v.enable:
+        return
+    check_data_config(v, section="validation")
+    seq_len, batch = v.seq_len or t.seq_len, v.local_batch_size or t.local_batch_size
+    if seq_len > t.seq_len:
+        raise ConfigError(
+            f"validation.seq_len: {seq_len} is longer than training.seq_len ({t.seq_len}), the "
+            "model's rotary table; use at most that"
+        )
+    fixed = [f"{n}={d}" for n, d in (("pp", dims.pp), ("cp", dims.cp)) if d > 1]
+    if fixed and (seq_len, batch) != (t.seq_len, t.local_batch_size):
+        raise ConfigError(
+            f"validation.seq_len / local_batch_size: with {' '.join(fixed)} validation batches "
+            f"must have the training shape ({t.local_batch_size} x {t.seq_len}); leave both 0"
+        )
+
+
+def _check_sequence_split(job_config: JobConfig, dims: ParallelDims) -> None:
+    """Context parallel cuts each sequence into 2 x cp chunks; sequence parallel then splits a
+    rank's part over the TP ranks."""
+    seq_len = job_config.training.seq_len
+    if dims.cp > 1 and seq_len % (2 * dims.cp):
+        raise ConfigError(
+            f"training.seq_len: {seq_len} must be divisible by 2 x "
+            f"parallelism.context_parallel_degree = {2 * dims.cp} (each rank holds two chunks)"
+        )
+    if dims.tp > 1 and (seq_len // dims.cp) % dims.tp:
+        raise ConfigError(
+            f"training.seq_len: {seq_len} / context_parallel_degree {dims.cp} = "
+            f"{seq_len // dims.cp} tokens per rank must be divisible by "
+            f"parallelism.tensor_parallel_degree = {dims.tp} (sequence parallel splits them)"
+        )
+
+
+def _check_device_features(job_config: JobConfig, device_type: str) -> None:
+    """Features that need CUDA GPUs fail here, on a CPU machine, with the key that asked for them."""
+    p = job_config.parallelism
+    tp = p.tensor_parallel_degree
+    check_converters(job_config, device_type)
+    _check_norm_type(job_config.model.norm_type, device_type)
+    if job_config.parallelism.enable_async_tensor_parallel:
+        key = "parallelism.enable_async_tensor_parallel"
+        if device_type != "cuda":
+            raise ConfigError(
+                f"{key}: async tensor parallel needs CUDA GPUs (symmetric memory); set it false on CPU"
+            )
+        if tp == 1 or not job_config.compile.compiles("model"):
+            raise ConfigError(
+                f"{key}: needs parallelism.tensor_parallel_degree > 1 and compiled blocks "
+                f"(compile.enable = true, 'model' in compile.components); got tp={tp}, "
+                f"compile.enable={job_config.compile.enable}, "
+                f"compile.components={job_config.compile.components}"
+            )
+
+
+def _check_norm_type(norm_type: str, device_type: str) -> None:
+    """fused_rmsnorm is a Triton kernel: CUDA only. It works with tensor parallel (sequence
+    parallel norms run it on each rank's local rows), so the layout is not restricted."""
+    if norm_type != "fused_rmsnorm":
+        return
+    key = "model.norm_type"
+    if device_type != "cuda":
+        raise ConfigError(
+            f"{key}: fused_rmsnorm needs a CUDA GPU (Triton); use rmsnorm or compiled_rmsnorm "
+            f"on {device_type}"
+        )
+    # Only where the kernel will really run: a memory estimate for a CUDA target may be made on a
+    # machine without GPU or triton.
+    if torch.cuda.is_available() and importlib.util.find_spec("triton") is None:
+        raise ConfigError(
+            f"{key}: fused_rmsnorm needs the triton package, which is not installed: "
+            "pip install triton, or use rmsnorm or compiled_rmsnorm"
+        )
