@@ -19,7 +19,9 @@ import torch
 import torch.distributed as dist
 
 from torchtitan.checkpoint import CheckpointManager, TrainState
-from torchtitan.config.manager import JobConfig, help_text, parse_args, save_config
+from torchtitan.config.help import help_text, save_config
+from torchtitan.config.parse import parse_args
+from torchtitan.config.schema import JobConfig
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.expert_load import ExpertLoad
 from torchtitan.errors import TorchTitanError, another_rank_reported, report_user_error

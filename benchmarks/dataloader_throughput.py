@@ -207,7 +207,7 @@ def measure(
     """Build one rank's loader as train.py does and time it (on ``corpus`` if given)."""
     import torch
 
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
     from torchtitan.train.builders import dataloader_for
     from torchtitan.train.spec import get_train_spec
 

@@ -626,7 +626,7 @@ def format_volume(c: dict, v: dict, steps: int, ngpu: int) -> str:
 
 
 def cmd_volume(a: argparse.Namespace, overrides: list[str]) -> int:
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
     from torchtitan.errors import TorchTitanError
 
     with tempfile.TemporaryDirectory(prefix="moe-volume-") as tmp:

@@ -37,7 +37,7 @@ def main() -> int:
     train_args = train_args or ["--job.config_file", "train_configs/debug_model.toml"]
 
     import train
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
 
     job_config = parse_args(train_args)
     log_freq = job_config.metrics.log_freq

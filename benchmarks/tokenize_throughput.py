@@ -55,7 +55,7 @@ def _train_args(args) -> list[str]:
 
 def baseline(args) -> dict:
     """``Dataset.map(batched=True)`` with the job's tokenizer, one process."""
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
     from torchtitan.data.sources import load_source
     from torchtitan.data.tokenizer import build_tokenizer, tokenizer_source
 

@@ -18,7 +18,7 @@ import sys
 from _common import run
 
 from torchtitan.config import compat as config_aliases
-from torchtitan.config.manager import _default_of, _keys, _sections, _toml_value, _type_name
+from torchtitan.config.schema import default_of, keys, sections, toml_value, type_name
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "config.md")
 
@@ -35,15 +35,15 @@ def _bounds(meta: dict) -> str:
 
 def keys_table() -> str:
     out = []
-    for section, cls in _sections().items():
+    for section, cls in sections().items():
         out += [f"#### `[{section}]`", "", "| key | type | default | allowed | description |"]
         out.append("| --- | --- | --- | --- | --- |")
-        for key, (f, tp) in _keys(cls).items():
-            default = _default_of(f)
-            shown = "unset" if default is None else _toml_value(default)
+        for key, (f, tp) in keys(cls).items():
+            default = default_of(f)
+            shown = "unset" if default is None else toml_value(default)
             help_text = f.metadata.get("help", "").replace("|", "\\|")
             out.append(
-                f"| `{key}` | {_type_name(tp)} | `{shown}` | {_bounds(f.metadata)} | {help_text} |"
+                f"| `{key}` | {type_name(tp)} | `{shown}` | {_bounds(f.metadata)} | {help_text} |"
             )
         out.append("")
     return "\n".join(out).rstrip() + "\n"
@@ -53,7 +53,7 @@ def aliases_table() -> str:
     out = ["| old key (upstream) | now | notes |", "| --- | --- | --- |"]
     for old, alias in config_aliases.ALIASES.items():
         if alias.new is None and alias.only is not None:
-            now = "accepted at " + " / ".join(f"`{_toml_value(v)}`" for v in alias.only)
+            now = "accepted at " + " / ".join(f"`{toml_value(v)}`" for v in alias.only)
             notes = f"{alias.note}; other values: {alias.why}"
         elif alias.new is None:
             now, notes = "ignored", alias.note
@@ -67,7 +67,7 @@ def aliases_table() -> str:
     out += ["", "| key | old value | now |", "| --- | --- | --- |"]
     for key, values in config_aliases.VALUE_ALIASES.items():
         for old, new in values.items():
-            out.append(f"| `{key}` | `{_toml_value(old)}` | `{_toml_value(new)}` |")
+            out.append(f"| `{key}` | `{toml_value(old)}` | `{toml_value(new)}` |")
     return "\n".join(out) + "\n"
 
 

@@ -66,7 +66,7 @@ def estimate_memory(train_args: list[str], world_size: int, device_type: str) ->
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.errors import ConfigError
     from torchtitan.train.plan import plan_job

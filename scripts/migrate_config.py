@@ -21,7 +21,8 @@ from _common import run
 from tomlkit.items import Table
 
 from torchtitan.config import compat as config_aliases
-from torchtitan.config.manager import JobConfig, parse_args
+from torchtitan.config.parse import parse_args
+from torchtitan.config.schema import JobConfig
 from torchtitan.errors import ConfigError, Problems
 
 

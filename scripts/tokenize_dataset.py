@@ -139,7 +139,7 @@ def parse_cli(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
     from torchtitan.data.indexed import token_dtype
     from torchtitan.data.tokenizer import build_tokenizer, tokenizer_source
 

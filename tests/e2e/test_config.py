@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from repo_paths import DEBUG_TOML, ROOT
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 
 
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -200,7 +200,7 @@ def test_published_moe_configs_split_their_experts_evenly(name):
     same share of the routed experts (FSDP splits their first dim over dp_shard x cp = ep x efsdp,
     evenly only when that divides the experts), and its EP group (ep x tp consecutive ranks)
     stays within a node of 8 GPUs."""
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
     from torchtitan.train.plan import plan_job
 
     path = ROOT / "train_configs" / f"{name}.toml"
@@ -218,7 +218,7 @@ def test_an_uneven_split_of_the_experts_is_named(world, ep, share):
     sys.path.insert(0, str(ROOT / "scripts"))
     from estimate_memory import _moe_notes
 
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
     from torchtitan.train.plan import plan_job
 
     args = [*MOE["qwen3_moe"][0], "--parallelism.expert_parallel_degree", str(ep)]

@@ -27,7 +27,7 @@ from norm_checks import (
 )
 from repo_paths import DEBUG_TOML, HELPERS, ROOT
 
-from torchtitan.config.manager import parse_args
+from torchtitan.config.parse import parse_args
 from torchtitan.errors import ConfigError
 from torchtitan.models.common.norms.rmsnorm import CompiledRMSNorm, RMSNorm
 from torchtitan.models.llama.flavors import llama3_configs

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 import train
-from torchtitan.config.manager import parse_args
+from torchtitan.config.parse import parse_args
 from torchtitan.observability.log import init_logger, logger
 
 

@@ -15,7 +15,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.distributed import pipeline
 from torchtitan.distributed.loss_parallel import TokenMeanLoss
 from torchtitan.distributed.parallel_dims import ParallelDims

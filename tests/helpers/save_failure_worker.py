@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.checkpoint import manager as manager_module
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.errors import CheckpointSaveFailed
 
 

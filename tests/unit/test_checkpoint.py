@@ -45,7 +45,7 @@ def test_scan_orders_steps_and_reads_markers(tmp_path):
 
 
 def test_seed_checkpoint_needs_one_process():
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
     from torchtitan.errors import ConfigError
     from torchtitan.train.plan import plan_job
 

@@ -44,7 +44,7 @@ from torchtitan.checkpoint.safe_read import (
     _checkpoint_keys,
     _MetadataUnpickler,
 )
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 
 # the manager calls dcp.save / dcp.load without a process group: DCP says it assumes one process
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

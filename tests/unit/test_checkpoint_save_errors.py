@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torchtitan.checkpoint import MARKER, CheckpointManager, TrainState, scan
 from torchtitan.checkpoint import manager as manager_module
 from torchtitan.checkpoint.save_failure import SaveFailure, continue_line, describe, stop_line
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.errors import CheckpointSaveFailed
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

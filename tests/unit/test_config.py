@@ -10,7 +10,9 @@ import pytest
 import torch
 from repo_paths import DEBUG_TOML, ROOT, TOKENIZER, TOKENIZER_ASSETS
 
-from torchtitan.config.manager import JobConfig, help_text, parse_args
+from torchtitan.config.help import help_text
+from torchtitan.config.parse import parse_args
+from torchtitan.config.schema import JobConfig
 from torchtitan.errors import ConfigError
 
 

@@ -16,7 +16,8 @@ from sized_tokenizers import llama3_sized_tiktoken
 
 from torchtitan.config import compat as config_aliases
 from torchtitan.config.compat import ALIASES
-from torchtitan.config.manager import _strip_optional, all_keys, parse_args
+from torchtitan.config.parse import parse_args
+from torchtitan.config.schema import all_keys, strip_optional
 from torchtitan.errors import ConfigError
 from torchtitan.train import plan as job_plan
 from torchtitan.train import preflight
@@ -68,7 +69,7 @@ def _sample(old: str, alias: config_aliases.Alias):
     if alias.only is not None:
         return alias.only[0]
     tp = alias.old_type or all_keys()[alias.new]
-    base = _strip_optional(tp)[0]
+    base = strip_optional(tp)[0]
     if base is list:
         return ["layers.0.moe"]
     if base is bool:

@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from config_docs import DOC, render  # noqa: E402
 
 from torchtitan.config.compat import ALIASES  # noqa: E402
-from torchtitan.config.manager import all_keys  # noqa: E402
+from torchtitan.config.schema import all_keys  # noqa: E402
 
 
 def test_config_doc_tables_are_current():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchtitan.config.manager import parse_args
+from torchtitan.config.parse import parse_args
 from torchtitan.distributed.context_parallel import chunk_ids, shard_sequence, unshard_sequence
 from torchtitan.errors import ConfigError
 from torchtitan.train.plan import plan_job

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.data.batch import IGNORE_INDEX, Batch
 from torchtitan.distributed.loss_parallel import build_loss_fn
 from torchtitan.distributed.parallel_dims import ParallelDims

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchtitan.config.manager import parse_args
+from torchtitan.config.parse import parse_args
 from torchtitan.distributed.expert_parallel import regroup_index
 from torchtitan.errors import ConfigError
 from torchtitan.train.plan import plan_job

@@ -237,7 +237,7 @@ def test_build_tokenizer_folder_errors(tmp_path):
 
 
 def test_tokenizer_source_rule():
-    from torchtitan.config.manager import Model
+    from torchtitan.config.schema import Model
 
     default = Model()
     assert tokenizer_source(default) == (default.tokenizer_path, "model.tokenizer_path")
@@ -256,7 +256,7 @@ def test_tokenizer_source_rule():
 
 def test_checkpoint_hf_load_source():
     from torchtitan.checkpoint import hf_load_source
-    from torchtitan.config.manager import JobConfig
+    from torchtitan.config.schema import JobConfig
 
     cfg = JobConfig()
     assert hf_load_source(cfg) is None

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from torchtitan.config.manager import LRScheduler
+from torchtitan.config.schema import LRScheduler
 from torchtitan.optim.lr_scheduling import build_lr_scheduler, lr_factor
 
 

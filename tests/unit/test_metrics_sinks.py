@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchtitan.config.manager import parse_args
+from torchtitan.config.parse import parse_args
 from torchtitan.errors import ConfigError
 
 

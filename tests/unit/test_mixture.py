@@ -11,7 +11,7 @@ import pytest
 import torch
 from offline_data import ByteTokenizer, use_offline_caches
 
-from torchtitan.config.manager import parse_args
+from torchtitan.config.parse import parse_args
 from torchtitan.data import build_hf_dataloader
 from torchtitan.data.blend import Blend
 from torchtitan.data.indexed import IndexedWriter

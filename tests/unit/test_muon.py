@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from torchtitan.config.manager import Optimizer as OptimizerConfig
+from torchtitan.config.schema import Optimizer as OptimizerConfig
 from torchtitan.errors import ConfigError
 from torchtitan.models.llama.flavors import llama3_configs
 from torchtitan.models.llama.model import Transformer

@@ -19,7 +19,8 @@ from norm_checks import (
 )
 from repo_paths import DEBUG_TOML, TOKENIZER
 
-from torchtitan.config.manager import Model, parse_args
+from torchtitan.config.parse import parse_args
+from torchtitan.config.schema import Model
 from torchtitan.errors import ConfigError
 from torchtitan.models.common.norms.rmsnorm import NORM_TYPES, RMSNorm, build_norm, rms_norm
 from torchtitan.models.llama.flavors import llama3_configs

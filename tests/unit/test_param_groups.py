@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from torchtitan.config.manager import Optimizer as OptimizerConfig
+from torchtitan.config.schema import Optimizer as OptimizerConfig
 from torchtitan.errors import ConfigError
 from torchtitan.models.llama.flavors import llama3_configs
 from torchtitan.models.llama.model import Transformer

@@ -8,7 +8,7 @@ import pytest
 import torch
 from repo_paths import DEBUG_TOML, TOKENIZER
 
-from torchtitan.config.manager import parse_args
+from torchtitan.config.parse import parse_args
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.distributed.pipeline import (

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from torchtitan.config.manager import parse_args
+from torchtitan.config.parse import parse_args
 from torchtitan.errors import ConfigError
 from torchtitan.resilience.preemption import (
     INTERRUPTED_EXIT_CODE,

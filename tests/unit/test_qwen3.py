@@ -324,7 +324,7 @@ def test_registered_train_spec_and_debug_flavor():
 def test_published_flavor_keeps_its_padded_table_for_its_own_tokenizer():
     """Qwen3's 151,669-token tokenizer sizes the embedding at the published 151,936 rows (so the
     published weights load); another tokenizer for a published flavor is still refused."""
-    from torchtitan.config.manager import parse_args
+    from torchtitan.config.parse import parse_args
     from torchtitan.errors import ConfigError
     from torchtitan.train.plan import check_vocab
 

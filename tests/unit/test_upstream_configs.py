@@ -20,7 +20,7 @@ from sized_tokenizers import (
     llama4_sized_tiktoken,
 )
 
-from torchtitan.config.manager import parse_args
+from torchtitan.config.parse import parse_args
 from torchtitan.data.tokenizer import LLAMA4_SPLIT_PATTERN, build_tokenizer
 from torchtitan.errors import ConfigError, Problems
 from torchtitan.train import preflight

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torchtitan.checkpoint.collectives import _agree, _attempt
 from torchtitan.checkpoint.errors import CheckpointError
 from torchtitan.checkpoint.states import _EXPORT_DTYPES, TrainState
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.distributed.utils import full_tensor
 from torchtitan.errors import TorchTitanError
 from torchtitan.observability.log import logger

@@ -96,7 +96,7 @@ from torchtitan.checkpoint.states import (
     TrainState,
 )
 from torchtitan.checkpoint.unfused import apply_merges, plan_unfused_load
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.errors import CheckpointSaveFailed
 from torchtitan.observability.log import logger
 

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchtitan.config.manager import global_batch
+from torchtitan.config.checks import global_batch
 from torchtitan.data.batch import Batch, make_batch
 from torchtitan.data.blend import Blend
 from torchtitan.data.mixture import (

@@ -8,7 +8,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.observability.log import logger
 

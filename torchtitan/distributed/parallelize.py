@@ -21,7 +21,7 @@ from typing import Any
 import torch.nn as nn
 from torch.distributed.tensor.parallel import parallelize_module
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.context_parallel import apply_cp
 from torchtitan.distributed.data_parallel import DTYPES, apply_ddp, apply_fsdp, param_dtype

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.distributed.utils import device_type
 from torchtitan.observability.log import logger
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from torchtitan.config.manager import LRScheduler as LRConfig
+from torchtitan.config.schema import LRScheduler as LRConfig
 
 
 def lr_factor(step: int, *, total_steps: int, cfg: LRConfig) -> float:

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from torchtitan.config.manager import Optimizer as OptimizerConfig
+from torchtitan.config.schema import Optimizer as OptimizerConfig
 from torchtitan.distributed.utils import stepped_grad_norms
 from torchtitan.errors import ConfigError
 from torchtitan.observability.log import logger

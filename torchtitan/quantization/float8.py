@@ -18,7 +18,7 @@ import importlib.util
 import torch
 import torch.nn as nn
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.errors import ConfigError
 from torchtitan.observability.log import logger

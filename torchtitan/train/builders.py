@@ -19,7 +19,7 @@ import torch.nn as nn
 from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.checkpoint.hf_exchange import HFExchange
 from torchtitan.checkpoint.mismatch import run_facts
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.loss_parallel import build_loss_fn
 from torchtitan.distributed.param_init import layout_invariant_init

@@ -18,12 +18,9 @@ from typing import Any
 
 import torch
 
-from torchtitan.config.manager import (
-    JobConfig,
-    global_batch,
-    import_user_module,
-    located,
-)
+from torchtitan.config.checks import global_batch, located
+from torchtitan.config.parse import import_user_module
+from torchtitan.config.schema import JobConfig
 from torchtitan.data.mixture import check_data_config
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.parallel_dims import ParallelDims

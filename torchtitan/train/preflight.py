@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import sys
 
-from torchtitan.config.manager import JobConfig, located, parse_args
+from torchtitan.config.checks import located
+from torchtitan.config.parse import parse_args
+from torchtitan.config.schema import JobConfig
 from torchtitan.errors import ConfigError, ConfigErrors, Problems, TorchTitanError, error_lines
 from torchtitan.optim.param_groups import parse_rules
 from torchtitan.train.plan import check_vocab, plan_job, resolve_model_args

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.data.batch import IGNORE_INDEX, Batch
 from torchtitan.distributed.context_parallel import shard_sequence
 from torchtitan.distributed.data_parallel import param_dtype

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchtitan.config.manager import JobConfig
+from torchtitan.config.schema import JobConfig
 from torchtitan.train.step import StepRunner
 
 
