@@ -1,7 +1,7 @@
 """Data loader throughput: tokens/s one data-parallel rank's loader produces on one CPU core.
 
-Builds the training loader exactly as ``train.py`` does (the ``llama3`` train spec's
-``build_tokenizer_fn`` and ``build_dataloader_fn``: read, tokenize, pack into ``seq_len + 1``
+Builds the training loader exactly as ``train.py`` does (the trainer's
+tokenizer and data loader builders: read, tokenize, pack into ``seq_len + 1``
 windows, shard over data-parallel ranks), pins the process to one CPU core with one torch thread,
 and times ``--batches`` batches after a first (warm-up) batch, which is reported on its own, as is
 the preparation time of the loader (corpus build and Arrow conversion on a fresh cache, ``--cold``).
@@ -208,16 +208,15 @@ def measure(
     import torch
 
     from torchtitan.config.parse import parse_args
+    from torchtitan.data.tokenizer import build_tokenizer
     from torchtitan.train.builders import dataloader_for
-    from torchtitan.train.spec import get_train_spec
 
     job_config = parse_args(_training_args(args, corpus), need_files=False)
-    spec = get_train_spec(job_config.model.name)
     t0 = time.perf_counter()
-    tokenizer = spec.build_tokenizer_fn(tokenizer_path)
+    tokenizer = build_tokenizer(tokenizer_path)
     t1 = time.perf_counter()
     global_batch = args.global_batch_size or args.local_batch_size * args.dp_world_size
-    loader = dataloader_for(job_config, spec, tokenizer, dp_rank, args.dp_world_size, global_batch)
+    loader = dataloader_for(job_config, tokenizer, dp_rank, args.dp_world_size, global_batch)
     t2 = time.perf_counter()
     it = iter(loader)
     first_inputs = next(it).inputs  # a Batch (inputs, labels, doc_ids)

@@ -24,7 +24,7 @@ the models rotates from round to round.
 
 Memory: one training step of ours with ``--loss-chunks`` 0 (logits then loss) and N > 0
 (``model.output_in_loss = True`` and ``ChunkedOutputLoss(model.output, N)`` from
-``torchtitan.models.common.loss``: the logits made and dropped chunk by chunk). Each
+``torchtitan.train.loss``: the logits made and dropped chunk by chunk). Each
 configuration runs in a fresh process (``--_memory-worker``) so that memory one variant freed
 and the allocator kept cannot hide the other's peak: a warm-up step (optimizer state allocated),
 then the measured step. On CUDA: ``max_memory_allocated`` during the step minus
@@ -60,9 +60,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchtitan.models.common.loss import cross_entropy_loss  # noqa: E402
 from torchtitan.models.llama.model import ModelArgs, Transformer  # noqa: E402
 from torchtitan.observability.metrics import proc_status_kib  # noqa: E402
+from torchtitan.train.loss import cross_entropy_loss  # noqa: E402
 
 MIB = 1024**2
 NO_CHUNKED_LOSS = "n/a (ChunkedOutputLoss not available)"
@@ -323,7 +323,7 @@ def time_shapes(
 
 def chunked_loss_available() -> bool:
     try:
-        from torchtitan.models.common.loss import ChunkedOutputLoss  # noqa: F401
+        from torchtitan.train.loss import ChunkedOutputLoss  # noqa: F401
     except ImportError:
         return False
     return True
@@ -337,7 +337,7 @@ def build_memory_trainee(shape: Shape, device: str, n_chunks: int) -> Trainee:
     model = build_ours(shape, device)
     loss_fn: LossFn = cross_entropy_loss
     if n_chunks > 0:
-        from torchtitan.models.common.loss import ChunkedOutputLoss
+        from torchtitan.train.loss import ChunkedOutputLoss
 
         model.output_in_loss = True  # forward returns the final norm's output [B, T, dim]
         loss_fn = ChunkedOutputLoss(model.output, n_chunks)

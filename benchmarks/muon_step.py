@@ -37,13 +37,13 @@ def hidden_shapes(model: str, flavor: str) -> list[tuple[int, ...]]:
     """The shapes of the parameters Muon trains in ``model``'s ``flavor`` (2-D matrices)."""
     import torch
 
+    from torchtitan.models.spec import get_model_args, get_model_spec
     from torchtitan.optim.param_groups import categories, for_muon
-    from torchtitan.train.spec import get_model_args, get_train_spec
 
     # the vocabulary sizes only the embeddings and the output, which Muon does not train
     margs = dataclasses.replace(get_model_args(model, flavor), vocab_size=2048)
     with torch.device("meta"):
-        m = get_train_spec(model).cls(margs)
+        m = get_model_spec(model).cls(margs)
     kinds = categories(m)
     return [
         tuple(p.shape) for n, p in m.named_parameters() if p.ndim == 2 and for_muon(kinds[n], p)

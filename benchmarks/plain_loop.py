@@ -90,7 +90,7 @@ def plain_step_time(job_config, warmup: int, steps: int) -> float:
 
     from torchtitan.data.tokenizer import build_tokenizer, tokenizer_source
     from torchtitan.distributed import utils as dist_utils
-    from torchtitan.train.spec import get_model_args, get_train_spec
+    from torchtitan.models.spec import get_model_args, get_model_spec
 
     t, o = job_config.training, job_config.optimizer
     device = dist_utils.init_device()
@@ -100,7 +100,7 @@ def plain_step_time(job_config, warmup: int, steps: int) -> float:
     args = dataclasses.replace(args, vocab_size=vocab, max_seq_len=t.seq_len)
     torch.manual_seed(0)
     with torch.device("meta"):
-        model = get_train_spec(job_config.model.name).cls(args)  # the family's own model class
+        model = get_model_spec(job_config.model.name).cls(args)  # the family's own model class
     model.to_empty(device=device)
     model.init_weights()
     fused = o.implementation == "fused"

@@ -31,7 +31,8 @@ def main() -> None:
 
     from torchtitan.checkpoint import read_model_weights
     from torchtitan.checkpoint.hf_files import write_folder
-    from torchtitan.train.spec import get_model_args, get_train_spec
+    from torchtitan.data.hf_tokenizer import write_tokenizer_files
+    from torchtitan.models.spec import get_model_args, get_model_spec
 
     state = read_model_weights(a.checkpoint, progress=progress("read checkpoint"))
     vocab = state["tok_embeddings.weight"].shape[0]
@@ -43,7 +44,7 @@ def main() -> None:
 
         tok = build_tokenizer(a.tokenizer)
         bos, eos = tok.bos_id, tok.eos_id
-    spec = get_train_spec(a.model)
+    spec = get_model_spec(a.model)
     if spec.state_dict_adapter is None:
         raise SystemExit(f"--model: {a.model} has no Hugging Face state-dict adapter")
     adapter = spec.state_dict_adapter(args)
@@ -53,7 +54,7 @@ def main() -> None:
         max_shard_bytes=int(a.max_shard_gb * (1 << 30)),
     )  # fmt: skip
     if a.tokenizer:
-        files += spec.export_tokenizer_fn(a.out_dir, tok, args.max_seq_len)
+        files += write_tokenizer_files(a.out_dir, tok, args.max_seq_len)
     print(f"wrote {a.out_dir}: config.json, {', '.join(files)}")
 
 

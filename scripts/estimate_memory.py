@@ -170,12 +170,12 @@ def _moe_notes(plan) -> list[str]:
 
 def _vocab_size(plan, job_config) -> int:
     """The tokenizer's size, as train.py uses; the flavor's published one if the file is absent."""
-    from torchtitan.data.tokenizer import tokenizer_source
+    from torchtitan.data.tokenizer import build_tokenizer, tokenizer_source
     from torchtitan.errors import ConfigError
 
     path, key = tokenizer_source(job_config.model)  # tokenizer_path, else hf_assets_path's
     if path and os.path.exists(path):
-        return plan.spec.build_tokenizer_fn(path, key=key).n_words
+        return build_tokenizer(path, key=key).n_words
     if plan.model_args.vocab_size > 0:
         return plan.model_args.vocab_size
     raise ConfigError(
@@ -207,10 +207,11 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from torchtitan.distributed.loss_parallel import build_loss_fn
+    from torchtitan.optim.optimizers import build_optimizer
     from torchtitan.train import builders
+    from torchtitan.train.loss import build_loss_fn
 
-    dims, spec, t = plan.dims, plan.spec, job_config.training
+    dims, t = plan.dims, job_config.training
     dims.build_mesh("cpu")
     # as train.py builds it (meta device, stages, the family's parallelisms), left on the meta
     # device, then materialized as fake tensors (shapes, no storage)
@@ -222,8 +223,8 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
             part.to_empty(device="cpu")
             with torch.no_grad():
                 part.init_weights()
-        optimizer = spec.build_optimizer_fn(list(parts.values()), job_config.optimizer)
-        loss_fn = build_loss_fn(spec.loss_fn, dims, job_config, list(parts.values()))
+        optimizer = build_optimizer(list(parts.values()), job_config.optimizer)
+        loss_fn = build_loss_fn(dims, job_config, list(parts.values()))
         batch = plan.pipeline.microbatch_size if plan.pipeline else t.local_batch_size
         inflight = _microbatches_in_flight(plan, pp_rank)
         shape = (inflight, batch, t.seq_len // dims.cp)
@@ -289,7 +290,7 @@ def _trace_stage(
     first optimizer step of DTensor parameters holds about a copy of them until it ends, which a
     real step does not (torch 2.13)."""
 
-    from torchtitan.distributed.loss_parallel import loss_context
+    from torchtitan.train.loss import loss_context
 
     inflight, batch, seq = shape
     first = plan.pipeline is None or stage == 0
@@ -334,7 +335,7 @@ def _stage_forward(part, model_args, first, last, batch, seq, dtype, loss_fn):
         x = torch.randn(batch, seq, model_args.dim, dtype=dtype, requires_grad=True)
     out = part(x)
     if last:
-        return loss_fn(out, torch.randint(0, model_args.vocab_size, (batch, seq)))
+        return loss_fn(out, torch.randint(0, model_args.vocab_size, (batch, seq)), 1.0)
     return out.float().sum()
 
 

@@ -32,7 +32,7 @@ from _common import progress, run
 def load_model(checkpoint: str, model: str, flavor: str | None):
 
     from torchtitan.errors import ConfigError
-    from torchtitan.train.spec import get_model_args, get_train_spec
+    from torchtitan.models.spec import get_model_args, get_model_spec
 
     if os.path.isfile(os.path.join(checkpoint, "config.json")):
         from torchtitan.checkpoint.hf_files import read_hf_model
@@ -46,7 +46,7 @@ def load_model(checkpoint: str, model: str, flavor: str | None):
         state = read_model_weights(checkpoint, progress=progress("read checkpoint"))
         vocab = state["tok_embeddings.weight"].shape[0]
         args = dataclasses.replace(get_model_args(model, flavor), vocab_size=vocab)
-        spec = get_train_spec(model)
+        spec = get_model_spec(model)
     net = spec.cls(args)
     if spec.state_dict_adapter is not None:  # a checkpoint from before the fused wqkv: merge
         adapter = spec.state_dict_adapter(args)

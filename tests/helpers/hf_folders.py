@@ -103,7 +103,7 @@ def copy_files(folder: Path, dest: Path, *names: str) -> Path:
 
 def debug_model_args(vocab_size: int, max_seq_len: int = 64):
     """The llama3 debug flavor's model arguments with this vocabulary and sequence length."""
-    from torchtitan.train.spec import get_model_args
+    from torchtitan.models.spec import get_model_args
 
     return dataclasses.replace(
         get_model_args("llama3", "debugmodel"), vocab_size=vocab_size, max_seq_len=max_seq_len

@@ -29,9 +29,9 @@ from norms_tp_worker import rel, step  # the same one-step run and per-tensor er
 
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.parallelize import apply_ep
-from torchtitan.distributed.tensor_parallel import apply_tp
+from torchtitan.distributed.tensor_parallel import apply_tp, decoder_block_plan
 from torchtitan.distributed.utils import per_rank_compile_cache
-from torchtitan.train.spec import get_model_args, get_train_spec
+from torchtitan.models.spec import get_model_args, get_model_spec
 
 VOCAB = 2256
 
@@ -40,7 +40,7 @@ def build(family: str, state: dict | None = None) -> torch.nn.Module:
     args = dataclasses.replace(get_model_args(family, "debugmodel"), vocab_size=VOCAB)
     torch.manual_seed(0)
     with torch.device("meta"):
-        model = get_train_spec(family).cls(args)
+        model = get_model_spec(family).cls(args)
     model.to_empty(device="cpu")
     model.init_weights()
     with torch.no_grad():
@@ -62,7 +62,7 @@ def run(family: str, dims: ParallelDims, whole: bool, compiled: bool) -> None:
     ref_logits, ref_grads = step(reference, tokens, dlogits)
     model = build(family, state)
     # the family's own block plan, applied as parallelize_decoder does
-    block_plan = get_train_spec(family).parallelize_fn.keywords["block_plan"]
+    block_plan = get_model_spec(family).block_plan or decoder_block_plan
     if whole:
         apply_ep(model, dims)
     apply_tp(model, dims.sub("tp"), block_plan, loss_parallel=False,

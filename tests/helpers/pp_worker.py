@@ -17,11 +17,10 @@ import torch.distributed as dist
 
 from torchtitan.config.schema import JobConfig
 from torchtitan.distributed import pipeline
-from torchtitan.distributed.loss_parallel import TokenMeanLoss
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.param_init import layout_invariant_init
-from torchtitan.models.common.loss import cross_entropy_loss
 from torchtitan.models.llama.model import ModelArgs, Transformer
+from torchtitan.train.loss import cross_entropy_loss, token_mean
 
 ARGS = ModelArgs(dim=32, n_layers=6, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
 LOCAL_BATCH, SEQ, ACCUM, SEED = 4, 8, 2, 7
@@ -65,10 +64,10 @@ def pipelined(schedule: str, pp: int, rank: int) -> tuple[float, dict[str, torch
         full = Transformer(ARGS)
     parts = {s: materialized(m) for s, m in pipeline.split_model(full, plan, rank).items()}
     # training's loss: each micro-batch's summed cross entropy over the step's tokens
-    loss_fn = TokenMeanLoss(functools.partial(cross_entropy_loss, reduction="sum"))
-    loss_fn.divisor = LOCAL_BATCH * SEQ * ACCUM
+    loss_fn = token_mean(functools.partial(cross_entropy_loss, reduction="sum"))
+    divisor = LOCAL_BATCH * SEQ * ACCUM
     pipe = pipeline.Pipeline(plan, parts, torch.device("cpu"), dist.group.WORLD, loss_fn)
-    total = sum(pipe.forward_backward(inputs, labels).item() for inputs, labels in batches())
+    total = sum(pipe.forward_backward(x, y, None, divisor).item() for x, y in batches())
     grads = {n: p.grad for m in parts.values() for n, p in m.named_parameters()}
     return total, grads
 

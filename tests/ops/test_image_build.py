@@ -85,7 +85,7 @@ def test_the_image_holds_the_project_and_its_launcher(image):
     config = _buildah("inspect", "--format", "{{.OCIv1.Config.Entrypoint}}", image)
     assert "/opt/torchtitan/run_llama_train.sh" in config
     out = _run_in(image, "python3", "-c", "import datasets, tiktoken, sentencepiece, tensorboard, "
-                  "safetensors, torch, torchtitan.train.spec; print(torch.__version__)")  # fmt: skip
+                  "safetensors, torch, torchtitan.models.spec; print(torch.__version__)")  # fmt: skip
     assert out.strip().startswith("2.")
     # the entrypoint as Kubernetes runs it, with a pod's variables: resolved and checked
     env = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "job-master-0",

@@ -315,7 +315,7 @@ def test_a_family_without_an_adapter_is_named_by_the_key():
         make_adapter(None, None, "checkpoint.last_save_in_hf")
     assert str(e.value) == (
         "checkpoint.last_save_in_hf: this model family has no Hugging Face state-dict adapter "
-        "in its train spec"
+        "in its model spec"
     )
     assert make_adapter(lambda args: ("adapter", args), 7, "k") == ("adapter", 7)
 

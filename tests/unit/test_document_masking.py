@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from torchtitan.config.schema import JobConfig
 from torchtitan.data.batch import IGNORE_INDEX, Batch
-from torchtitan.distributed.loss_parallel import build_loss_fn
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.models.common.attention import (
     CausalAttention,
@@ -26,11 +25,11 @@ from torchtitan.models.common.attention import (
     document_mask,
     flex_document_attention,
 )
-from torchtitan.models.common.loss import cross_entropy_loss
 from torchtitan.models.llama.flavors import llama3_configs
 from torchtitan.models.llama.model import Transformer
 from torchtitan.models.qwen3.flavors import qwen3_configs
 from torchtitan.models.qwen3.model import Qwen3Model
+from torchtitan.train.loss import build_loss_fn
 from torchtitan.train.step import StepRunner
 
 VOCAB = 512
@@ -192,7 +191,7 @@ def _runner(model: torch.nn.Module) -> StepRunner:
     job = JobConfig()
     job.model.attn_mask_type = "block_causal"
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, world_size=1)
-    loss_fn = build_loss_fn(cross_entropy_loss, dims, job, [model])
+    loss_fn = build_loss_fn(dims, job, [model])
     return StepRunner(
         job, dims, model=model, pipeline=None, loss_fn=loss_fn, device=torch.device("cpu")
     )
@@ -218,8 +217,9 @@ def test_the_step_loss_is_the_mean_over_its_valid_tokens():
 
     runner = _runner(model)
     batches = [Batch(inputs[i : i + 2], labels[i : i + 2], doc_ids[i : i + 2]) for i in (0, 2)]
-    assert runner.begin_step(batches) == 34
-    loss = sum(runner.forward_backward(b) for b in batches)
+    tokens = runner.step_tokens(batches)
+    assert tokens.count == 34
+    loss = sum(runner.forward_backward(b, tokens.divisor) for b in batches)
     assert float(loss) == pytest.approx(whole, abs=1e-6)
     for name, grad in _grads(model).items():
         torch.testing.assert_close(grad, expected[name], atol=1e-7, rtol=1e-5, msg=name)

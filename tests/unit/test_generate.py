@@ -14,7 +14,7 @@ import torch
 from repo_paths import ROOT, load_script
 
 from torchtitan.errors import ConfigError
-from torchtitan.train.spec import get_model_args, get_train_spec
+from torchtitan.models.spec import get_model_args, get_model_spec
 
 PROMPT = [1, 17, 42, 99, 7]
 NEW = 12
@@ -35,7 +35,7 @@ def net():
         dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=300, max_seq_len=64,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = get_train_spec("llama3").cls(args)
+    model = get_model_spec("llama3").cls(args)
     model.init_weights()
     return model.eval()
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from torchtitan.models.common.loss import IGNORE_INDEX, ChunkedOutputLoss, cross_entropy_loss
 from torchtitan.models.llama.model import ModelArgs, Transformer
+from torchtitan.train.loss import IGNORE_INDEX, ChunkedOutputLoss, cross_entropy_loss
 
 
 def _whole_and_pieces(n_chunks: int, labels: torch.Tensor, hidden: torch.Tensor):

@@ -391,16 +391,16 @@ def test_flops_count_the_active_experts_only():
 
 
 def test_registered_train_spec_and_debug_flavor():
-    from torchtitan.train.spec import get_model_args, get_train_spec, spec_for_hf_config
+    from torchtitan.models.spec import get_model_args, get_model_spec, spec_for_hf_config
 
-    spec = get_train_spec("qwen3_moe")
+    spec = get_model_spec("qwen3_moe")
     assert spec.cls is Qwen3MoeModel and spec.state_dict_adapter is Qwen3MoeStateDictAdapter
     assert spec_for_hf_config({"model_type": "qwen3_moe"}, "test") is spec
     args = get_model_args("qwen3_moe", "debugmodel")
     assert args.vocab_size == -1 and not args.tie_word_embeddings
     assert args.moe.num_experts == 8 and args.moe.top_k == 2 and args.moe.route_norm
 
-    spec = get_train_spec("llama4")
+    spec = get_model_spec("llama4")
     assert spec.cls is Llama4Model and spec.state_dict_adapter is Llama4StateDictAdapter
     assert spec_for_hf_config({"model_type": "llama4_text"}, "test") is spec
     args = get_model_args("llama4", "debugmodel")

@@ -304,9 +304,9 @@ def test_flops_formula():
 
 
 def test_registered_train_spec_and_debug_flavor():
-    from torchtitan.train.spec import get_model_args, get_train_spec, spec_for_hf_config
+    from torchtitan.models.spec import get_model_args, get_model_spec, spec_for_hf_config
 
-    spec = get_train_spec("qwen3")
+    spec = get_model_spec("qwen3")
     assert spec.cls is Qwen3Model and spec.state_dict_adapter is Qwen3StateDictAdapter
     assert spec_for_hf_config({"model_type": "qwen3"}, "test") is spec
     args = get_model_args("qwen3", "debugmodel")

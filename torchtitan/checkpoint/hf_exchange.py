@@ -46,7 +46,7 @@ def make_adapter(hf_adapter: Any, model_args: Any, key: str) -> Any:
     it, for the error when the family has none."""
     if hf_adapter is None:
         raise CheckpointError(
-            f"{key}: this model family has no Hugging Face state-dict adapter in its train spec"
+            f"{key}: this model family has no Hugging Face state-dict adapter in its model spec"
         )
     return hf_adapter(model_args)
 
@@ -83,7 +83,7 @@ def load_hf(
 @dataclass(frozen=True)
 class HFExchange:
     """What a Hugging Face export or import needs besides the model: the family's adapter class
-    and tokenizer-file writer (from its train spec, None where it has none), the tokenizer, and
+    and tokenizer-file writer (from its model spec, None where it has none), the tokenizer, and
     this rank's pipeline stage."""
 
     adapter: Any = None

@@ -88,10 +88,10 @@ def write_folder(
 
 
 def read_hf_model(path: str, where: str, progress: Callable[[int, int], None] | None = None):
-    """``(train spec, model args, state dict)`` of a Hugging Face model folder: the family comes
+    """``(model spec, model args, state dict)`` of a Hugging Face model folder: the family comes
     from config.json's ``model_type``, the weights through that family's adapter (full model).
     ``where``: the setting or argument that named ``path``, for errors."""
-    from torchtitan.train.spec import spec_for_hf_config
+    from torchtitan.models.spec import spec_for_hf_config
 
     config = read_config(path)
     spec = spec_for_hf_config(config, where)

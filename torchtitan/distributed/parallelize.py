@@ -10,7 +10,7 @@ FSDP2 ``fully_shard`` per block and at the root (over ``dp_shard x cp``; HSDP ov
 FSDP2 with one shard rank beside TP or PP (``ParallelDims.replicates_through_fsdp``). Model code is
 never edited: only modules are wrapped or sharded.
 
-A family's train spec uses ``functools.partial(parallelize_decoder, block_plan=its_block_plan)``.
+A family's model spec names its block plan (``ModelSpec.block_plan``); the trainer passes it here.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.context_parallel import apply_cp
 from torchtitan.distributed.data_parallel import DTYPES, apply_ddp, apply_fsdp, param_dtype
 from torchtitan.distributed.expert_parallel import ExpertParallel
-from torchtitan.distributed.loss_parallel import uses_loss_parallel
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.tensor_parallel import apply_tp
+from torchtitan.distributed.tensor_parallel import apply_tp, uses_loss_parallel
 from torchtitan.observability.log import logger
 from torchtitan.quantization import float8
 
@@ -55,14 +54,14 @@ def parallelize_decoder(
             model,
             dims.sub("tp"),
             block_plan,
-            loss_parallel=uses_loss_parallel(dims, job_config),
+            loss_parallel=uses_loss_parallel(dims, job_config.parallelism),
             async_tp=job_config.parallelism.enable_async_tensor_parallel,
             compiled_blocks=job_config.compile.compiles("model"),
             float8_tensorwise=float8.tensorwise_tp(job_config),
             experts_whole=dims.experts_whole_under_tp,
         )
         logger.info(
-            f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config)}"
+            f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config.parallelism)}"
         )
     if dims.cp > 1:
         apply_cp(model, dims.sub("cp"))

@@ -26,7 +26,7 @@ Three steps, each usable on its own:
 
 Loss and gradient scaling: each pipeline micro-batch's loss is the training loss as the
 unpipelined step computes it (its summed cross entropy over the valid tokens of the whole
-optimizer step, ``TokenMeanLoss``), and the schedule's own ``scale_grads`` is off. The summed
+optimizer step, ``train/loss.py``), and the schedule's own ``scale_grads`` is off. The summed
 micro-batch losses and gradients are then exactly those of the unpipelined step. (The
 schedule's ``scale_grads=True`` would divide the *accumulated* ``.grad`` by the number of
 micro-batches after every step, which is wrong under gradient accumulation.) The document ids
@@ -35,9 +35,10 @@ of block-causal attention go to every stage as a keyword argument, split like th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -447,7 +448,7 @@ class Pipeline:
         parts: dict[int, nn.Module],
         device: torch.device,
         group: dist.ProcessGroup,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor],
     ):
         # (imported here: preflight, which needs only the plan, stays light)
         from torch.distributed.pipelining import PipelineStage
@@ -458,6 +459,8 @@ class Pipeline:
         )
 
         self.plan = plan
+        self.loss_fn = loss_fn
+        self.divisor: float | None = None  # the running call's, passed to every micro-batch loss
         self.device = device
         self.group = group
         self.stage_indices = sorted(parts)
@@ -474,20 +477,35 @@ class Pipeline:
         self.schedule = cls(
             stages[0] if issubclass(cls, PipelineScheduleSingle) else stages,
             n_microbatches=plan.n_microbatches,
-            loss_fn=loss_fn,
+            loss_fn=self._micro_batch_loss,
             scale_grads=False,
         )
         if plan.schedule_csv:
             self.schedule._load_csv(plan.schedule_csv)
 
+    def _micro_batch_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """What the schedule calls on the last stage: ``loss_fn`` with the running call's divisor
+        (set only while :meth:`forward_backward` or :meth:`forward_loss` runs)."""
+        if self.divisor is None:
+            raise RuntimeError("the pipeline's loss runs only inside forward_backward/forward_loss")
+        return self.loss_fn(output, target, self.divisor)
+
+    @contextlib.contextmanager
+    def _divided_by(self, divisor: float) -> Iterator[None]:
+        self.divisor = divisor
+        try:
+            yield
+        finally:
+            self.divisor = None
+
     def forward_loss(
         self, inputs: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The loss of one local batch (the sum of its micro-batches' ``loss_fn``), forward only
-        (evaluation), on every pipeline rank."""
+        """The summed loss of one local batch (``loss_fn`` with divisor 1 over its micro-
+        batches), forward only (evaluation), on every pipeline rank."""
         args = (inputs,) if self.has_first else ()
         losses: list[torch.Tensor] = []
-        with torch.no_grad():
+        with torch.no_grad(), self._divided_by(1.0):
             self.schedule.eval(
                 *args,
                 target=labels if self.has_last else None,
@@ -506,20 +524,26 @@ class Pipeline:
         return loss
 
     def forward_backward(
-        self, inputs: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor | None = None
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        doc_ids: torch.Tensor | None = None,
+        divisor: float = 1.0,
     ) -> torch.Tensor:
         """Forward and backward of one local batch through the pipeline (gradients accumulate
-        into the parts' ``.grad``). Returns the batch's loss (the sum of its micro-batches'),
-        on every pipeline rank: it is broadcast from the rank that holds the last stage."""
+        into the parts' ``.grad``), each micro-batch's summed loss divided by ``divisor``.
+        Returns the batch's loss (the sum of its micro-batches'), on every pipeline rank: it is
+        broadcast from the rank that holds the last stage."""
         args = (inputs,) if self.has_first else ()
         losses: list[torch.Tensor] = []
-        self.schedule.step(
-            *args,
-            target=labels if self.has_last else None,
-            losses=losses if self.has_last else None,
-            return_outputs=False,
-            **_stage_kwargs(doc_ids),
-        )
+        with self._divided_by(divisor):
+            self.schedule.step(
+                *args,
+                target=labels if self.has_last else None,
+                losses=losses if self.has_last else None,
+                return_outputs=False,
+                **_stage_kwargs(doc_ids),
+            )
         return self._broadcast_sum(losses)
 
 

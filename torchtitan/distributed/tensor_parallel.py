@@ -36,6 +36,12 @@ from torchtitan.observability.log import logger
 from torchtitan.quantization import float8
 
 
+def uses_loss_parallel(dims: Any, parallelism: Any) -> bool:
+    """Whether the loss runs vocab-parallel on the sharded logits (``loss_parallel()``): under
+    tensor parallelism unless ``parallelism.disable_loss_parallel``."""
+    return dims.tp > 1 and not parallelism.disable_loss_parallel
+
+
 def apply_tp(
     model: nn.Module,
     tp_mesh: DeviceMesh,

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torchtitan.config.schema import LRScheduler as LRConfig
+from torchtitan.optim.optimizers import Optimizers
 
 
 def lr_factor(step: int, *, total_steps: int, cfg: LRConfig) -> float:
@@ -74,7 +75,7 @@ def build_lr_scheduler(
 ) -> torch.optim.lr_scheduler.LambdaLR | LRSchedulers:
     """A LambdaLR whose ``last_epoch`` counts finished optimizer steps (so resume restores it);
     for an ``Optimizers`` container, one per optimizer in an ``LRSchedulers``."""
-    if hasattr(optimizer, "optimizers"):
+    if isinstance(optimizer, Optimizers):
         return LRSchedulers([build_lr_scheduler(o, cfg, total_steps) for o in optimizer.optimizers])
     # LambdaLR evaluates the lambda at last_epoch = 0 on construction (before step 1) and after each
     # scheduler.step(); we want the value for the *next* optimizer step, hence ``n + 1``.

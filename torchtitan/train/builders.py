@@ -2,7 +2,7 @@
 call these instead of repeating the steps.
 
 :func:`init_runtime` (devices, processes, the job plan, the mesh, seeds) comes first; the others
-take the :class:`Runtime` it returns. Everything family-specific comes from the train spec.
+take the :class:`Runtime` it returns. Everything family-specific comes from the model spec.
 """
 
 from __future__ import annotations
@@ -20,16 +20,23 @@ from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.checkpoint.hf_exchange import HFExchange
 from torchtitan.checkpoint.mismatch import run_facts
 from torchtitan.config.schema import JobConfig
+from torchtitan.data import build_hf_dataloader
+from torchtitan.data import tokenizer as tokenizers
+from torchtitan.data.hf_tokenizer import write_tokenizer_files
 from torchtitan.distributed import utils as dist_utils
-from torchtitan.distributed.loss_parallel import build_loss_fn
+from torchtitan.distributed.parallelize import parallelize_decoder
 from torchtitan.distributed.param_init import layout_invariant_init
-from torchtitan.distributed.pipeline import Pipeline
-from torchtitan.errors import ConfigError
+from torchtitan.distributed.pipeline import Pipeline, split_model
+from torchtitan.distributed.tensor_parallel import decoder_block_plan
+from torchtitan.models.common.decoder import get_nparams_and_flops
 from torchtitan.models.common.moe import inactive_params
 from torchtitan.observability.log import logger
+from torchtitan.optim import optimizers
+from torchtitan.optim.lr_scheduling import build_lr_scheduler
 from torchtitan.optim.param_groups import check_and_log
 from torchtitan.quantization.float8 import apply_converters
 from torchtitan.train import runtime
+from torchtitan.train.loss import build_loss_fn
 from torchtitan.train.plan import JobPlan, check_vocab, plan_job
 from torchtitan.train.step import StepRunner
 
@@ -68,9 +75,9 @@ def init_runtime(job_config: JobConfig) -> Runtime:
     return Runtime(device, rank, world_size, plan, seed)
 
 
-def build_tokenizer(job_config: JobConfig, spec: Any) -> Any:
+def build_tokenizer(job_config: JobConfig) -> Any:
     path, key = job_config.model.tokenizer_source()
-    tokenizer = spec.build_tokenizer_fn(path, key=key)
+    tokenizer = tokenizers.build_tokenizer(path, key=key)
     logger.info(f"Tokenizer {path} ({key}): {tokenizer.n_words:,} tokens")
     return tokenizer
 
@@ -79,7 +86,7 @@ def build_dataloader(job_config: JobConfig, rt: Runtime, tokenizer: Any) -> Any:
     """The training data of this data-parallel rank (infinite, checkpointable); read by worker
     processes with ``training.dataloader.num_workers`` > 0."""
     loader = dataloader_for(
-        job_config, rt.spec, tokenizer, rt.dims.dp_rank, rt.dims.dp, rt.plan.global_batch_size
+        job_config, tokenizer, rt.dims.dp_rank, rt.dims.dp, rt.plan.global_batch_size
     )
     w = job_config.training.dataloader
     if w.num_workers == 0:
@@ -92,7 +99,6 @@ def build_dataloader(job_config: JobConfig, rt: Runtime, tokenizer: Any) -> Any:
 
 def dataloader_for(
     job_config: JobConfig,
-    spec: Any,
     tokenizer: Any,
     dp_rank: int,
     dp_world_size: int,
@@ -101,7 +107,7 @@ def dataloader_for(
     """The training loader of data-parallel rank ``dp_rank`` of ``dp_world_size`` (the
     benchmarks build any rank's without processes)."""
     t = job_config.training
-    return spec.build_dataloader_fn(
+    return build_hf_dataloader(
         dataset=t.dataset,
         dataset_path=t.dataset_path,
         tokenizer=tokenizer,
@@ -125,7 +131,7 @@ def build_validation_loader(job_config: JobConfig, rt: Runtime, tokenizer: Any) 
     v, t = job_config.validation, job_config.training
     if not v.enable:
         return None
-    return rt.spec.build_dataloader_fn(
+    return build_hf_dataloader(
         dataset=v.dataset,
         dataset_path=v.dataset_path,
         tokenizer=tokenizer,
@@ -173,7 +179,9 @@ def build_model(
     args = dataclasses.replace(rt.plan.model_args, vocab_size=vocab_size, max_seq_len=t.seq_len)
     with torch.device("meta"):
         model = spec.cls(args)
-    nparams, flops_per_token = spec.nparams_and_flops_fn(model, args, t.seq_len)
+    nparams, flops_per_token = (spec.nparams_and_flops or get_nparams_and_flops)(
+        model, args, t.seq_len
+    )
     m = job_config.model
     cut = f" cut to {m.n_layers} layers (model.n_layers)" if m.n_layers else ""
     inactive = inactive_params(model)  # mixture of experts: a token uses top_k of them
@@ -189,7 +197,13 @@ def build_model(
         on_meta("model on meta")
     stages = _split_into_stages(model, rt)
     for index, part in stages.items():
-        stages[index] = spec.parallelize_fn(part, rt.dims, job_config, dist_utils.device_type)
+        stages[index] = parallelize_decoder(
+            part,
+            rt.dims,
+            job_config,
+            dist_utils.device_type,
+            block_plan=spec.block_plan or decoder_block_plan,
+        )
         if materialize:
             _materialize(stages[index], rt.device, rt.seed)
     built = BuiltModel(stages, args, nparams, flops_per_token)
@@ -203,13 +217,8 @@ def _split_into_stages(model: nn.Module, rt: Runtime) -> dict[int, nn.Module]:
     pipeline_plan, spec = rt.plan.pipeline, rt.spec
     if pipeline_plan is None:
         return {0: model}
-    if spec.pipelining_fn is None:
-        raise ConfigError(
-            f"parallelism.pipeline_parallel_degree: model '{spec.name}' has no pipelining "
-            "function in its train spec; use 1"
-        )
     logger.info(pipeline_plan.describe())
-    return spec.pipelining_fn(model, pipeline_plan, rt.dims.pp_rank)
+    return (spec.pipeline_split or split_model)(model, pipeline_plan, rt.dims.pp_rank)
 
 
 def _materialize(part: nn.Module, device: torch.device, seed: int) -> None:
@@ -227,7 +236,7 @@ def _local_numel(p: torch.Tensor) -> int:
 def build_step_runner(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> StepRunner:
     """The loss (compiled if ``compile.components`` says so) and, under pipeline parallelism,
     the schedule over this rank's stages, wrapped in the one step runner."""
-    loss_fn = build_loss_fn(rt.spec.loss_fn, rt.dims, job_config, model.parts)
+    loss_fn = build_loss_fn(rt.dims, job_config, model.parts)
     pipeline = None
     if rt.plan.pipeline is not None:
         pipeline = Pipeline(
@@ -249,12 +258,12 @@ def build_step_runner(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> 
 
 def build_optimizer(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> tuple[Any, Any]:
     """The optimizer over this rank's parts and its learning-rate schedule."""
-    optimizer = rt.spec.build_optimizer_fn(model.parts, job_config.optimizer)
-    if hasattr(optimizer, "plans"):  # parameter groups: every rule used; logged on rank 0
-        check_and_log(optimizer.plans, optimizer.rules, optimizer.rule_hits,
-                      rt.dims.pp_group, rt.rank == 0)  # fmt: skip
+    optimizer = optimizers.build_optimizer(model.parts, job_config.optimizer)
+    # parameter groups: every rule used on some rank; logged on rank 0
+    rules = (optimizer.plans, optimizer.rules, optimizer.rule_hits)
+    check_and_log(*rules, rt.dims.pp_group, rt.rank == 0)
     steps = job_config.lr_scheduler.total_steps or job_config.training.steps
-    lr_scheduler = rt.spec.build_lr_scheduler_fn(optimizer, job_config.lr_scheduler, steps)
+    lr_scheduler = build_lr_scheduler(optimizer, job_config.lr_scheduler, steps)
     return optimizer, lr_scheduler
 
 
@@ -270,7 +279,7 @@ def build_checkpointer(
     tokenizer: Any,
 ) -> CheckpointManager:
     """The checkpoint manager over everything a resume needs, with the family's Hugging Face
-    adapter and tokenizer-export hook from its train spec."""
+    adapter from its model spec."""
     return CheckpointManager(
         job_config,
         model_parts=model.parts,
@@ -284,7 +293,7 @@ def build_checkpointer(
         hf=HFExchange(
             adapter=rt.spec.state_dict_adapter,
             tokenizer=tokenizer,
-            export_tokenizer=rt.spec.export_tokenizer_fn,
+            export_tokenizer=write_tokenizer_files,
             pp_rank=rt.dims.pp_rank,
             pp_degree=rt.dims.pp,
         ),

@@ -26,8 +26,8 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.pipeline import PipelinePlan, check_pipeline_config
 from torchtitan.errors import ConfigError, ConfigErrors, Problems
+from torchtitan.models.spec import ModelSpec, get_model_args, get_model_spec
 from torchtitan.quantization.float8 import check_converters
-from torchtitan.train.spec import TrainSpec, get_model_args, get_train_spec
 
 
 @dataclass
@@ -35,7 +35,7 @@ class JobPlan:
     """What the checks resolved: the parallel layout, the model family and its arguments."""
 
     dims: ParallelDims
-    spec: TrainSpec
+    spec: ModelSpec
     model_args: Any
     grad_accum_steps: int
     global_batch_size: int
@@ -61,7 +61,7 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
     with problems.collect():
         dims = _dims(job_config, world_size)
     with problems.collect():
-        spec = get_train_spec(job_config.model.name)
+        spec = get_model_spec(job_config.model.name)
         model_args = resolve_model_args(job_config)
     if dims is not None:
         for layout_check in (_check_validation, _check_sequence_split):
@@ -187,7 +187,7 @@ def _check_dump_folder(folder: str) -> None:
 
 def import_custom_module(name: str | None) -> None:
     """``job.custom_import``: a user's module (dotted name or .py file) imported for its side
-    effects, such as registering a model family with ``register_train_spec``."""
+    effects, such as registering a model family with ``register_model_spec``."""
     if name:
         import_user_module(name, "job.custom_import", "what it registers")
 

@@ -14,10 +14,11 @@ import sys
 from torchtitan.config.checks import located
 from torchtitan.config.parse import parse_args
 from torchtitan.config.schema import JobConfig
+from torchtitan.data.tokenizer import build_tokenizer
 from torchtitan.errors import ConfigError, ConfigErrors, Problems, TorchTitanError, error_lines
+from torchtitan.models.spec import get_model_spec
 from torchtitan.optim.param_groups import parse_rules
 from torchtitan.train.plan import check_vocab, plan_job, resolve_model_args
-from torchtitan.train.spec import get_train_spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +65,7 @@ def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) 
     with problems.collect():
         parse_rules(job_config.optimizer.param_groups)
     try:  # the family and flavor resolve (else plan_job has reported why)
-        spec = get_train_spec(job_config.model.name)
+        get_model_spec(job_config.model.name)
         model_args = resolve_model_args(job_config)
     except ConfigError:
         problems.raise_if_any()
@@ -73,7 +74,7 @@ def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) 
         path, key = job_config.model.tokenizer_source()
         try:
             if os.path.exists(path):  # a missing one is reported by the config's file checks
-                tokenizer = spec.build_tokenizer_fn(path, key=key)
+                tokenizer = build_tokenizer(path, key=key)
                 check_vocab(job_config, model_args, tokenizer.n_words)
         except ConfigError as e:
             raise located(job_config, e) from None

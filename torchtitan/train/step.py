@@ -8,12 +8,14 @@ tensor parallel, through the pipeline schedule (micro-batch by micro-batch, ever
 getting the loss) or as a plain forward, and under autocast where mixed precision comes from it.
 
 The loss of an optimizer step is the mean over the valid tokens of its whole global batch:
-:meth:`StepRunner.begin_step` counts them (one all-reduce) before the first micro-batch runs.
+:meth:`StepRunner.step_tokens` counts them (one all-reduce) before the first micro-batch runs, and
+every micro-batch's :meth:`StepRunner.forward_backward` gets the divisor as an argument.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,9 +25,9 @@ from torchtitan.config.schema import JobConfig
 from torchtitan.data.batch import IGNORE_INDEX, Batch
 from torchtitan.distributed.context_parallel import shard_sequence
 from torchtitan.distributed.data_parallel import param_dtype
-from torchtitan.distributed.loss_parallel import TokenMeanLoss, loss_context
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.utils import device_type, full_tensor
+from torchtitan.train.loss import LossFn, loss_context
 
 
 def autocast_for(job_config: JobConfig, dims: ParallelDims) -> contextlib.AbstractContextManager:
@@ -36,10 +38,19 @@ def autocast_for(job_config: JobConfig, dims: ParallelDims) -> contextlib.Abstra
     return contextlib.nullcontext()
 
 
+@dataclass(frozen=True)
+class StepTokens:
+    """The valid (not ignored) labels of an optimizer step's whole global batch, and what each
+    micro-batch's summed loss is divided by: that count over the ranks that average gradients."""
+
+    count: int
+    divisor: float
+
+
 class StepRunner:
     """``model``: the first (or only) local part; ``pipeline``: the schedule over this rank's
     stages under pipeline parallelism, else None (forward and backward are then plain calls);
-    ``loss_fn``: the training loss (:class:`TokenMeanLoss`)."""
+    ``loss_fn``: the training loss (:data:`~torchtitan.train.loss.LossFn`)."""
 
     def __init__(
         self,
@@ -48,7 +59,7 @@ class StepRunner:
         *,
         model: torch.nn.Module,
         pipeline: Any,
-        loss_fn: TokenMeanLoss,
+        loss_fn: LossFn,
         device: torch.device,
     ) -> None:
         self.job_config, self.dims = job_config, dims
@@ -66,10 +77,10 @@ class StepRunner:
         inputs, labels, *doc_ids = tensors
         return inputs, labels, doc_ids[0] if doc_ids else None
 
-    def begin_step(self, batches: list[Batch]) -> int:
-        """Set the loss's divisor for the optimizer step made of this rank's ``batches`` (its
-        micro-batches): the valid labels of the whole global batch (one all-reduce over the data-
-        parallel ranks) over the ranks that average gradients. Returns the global count."""
+    def step_tokens(self, batches: list[Batch]) -> StepTokens:
+        """The valid labels of the optimizer step made of this rank's ``batches`` (its micro-
+        batches) over the whole global batch (one all-reduce over the data-parallel ranks), and
+        the divisor of every micro-batch's loss."""
         local = sum(int((b.labels != IGNORE_INDEX).sum()) for b in batches)
         count = torch.tensor(float(local), device=self.device)
         dp_mesh = self.dims.dp_mesh  # context-parallel ranks of a replica read the same batch
@@ -77,20 +88,20 @@ class StepRunner:
             dist.all_reduce(count, group=dp_mesh.get_group())
         loss_mesh = self.dims.loss_mesh
         averaged_over = loss_mesh.size() if loss_mesh is not None else 1
-        self.loss_fn.divisor = max(float(count), 1.0) / averaged_over
-        return int(count)
+        return StepTokens(int(count), max(float(count), 1.0) / averaged_over)
 
-    def forward_backward(self, batch: Batch) -> torch.Tensor:
+    def forward_backward(self, batch: Batch, divisor: float) -> torch.Tensor:
         """Forward and backward of one micro-batch (gradients accumulate into ``.grad``); its
-        loss (this rank's share of the step's token mean), detached, on every rank of the batch."""
+        loss (this rank's share of the step's token mean: the summed loss over ``divisor``, see
+        :meth:`step_tokens`), detached, on every rank of the batch."""
         inputs, labels, doc_ids = self._local(batch)
         with loss_context(self.dims, self.job_config):
             if self.pipeline is not None:  # the schedule runs forward and backward
                 with self.autocast:
-                    loss = self.pipeline.forward_backward(inputs, labels, doc_ids)
+                    loss = self.pipeline.forward_backward(inputs, labels, doc_ids, divisor)
             else:
                 with self.autocast:  # the forward only: backward runs outside autocast
-                    loss = self.loss_fn(self._forward(inputs, doc_ids), labels)
+                    loss = self.loss_fn(self._forward(inputs, doc_ids), labels, divisor)
                 loss.backward()
         return full_tensor(loss.detach())  # a vocab-parallel loss is a DTensor
 
@@ -101,10 +112,9 @@ class StepRunner:
         """``(summed loss, valid labels)`` of one local batch without gradients (float32, every
         rank; under context parallel, of this rank's chunks)."""
         inputs, labels, doc_ids = self._local(batch)
-        self.loss_fn.divisor = 1.0  # the sum (training sets its divisor again every step)
         count = (labels != IGNORE_INDEX).sum().float()
         with torch.no_grad(), loss_context(self.dims, self.job_config), self.autocast:
             if self.pipeline is not None:
                 return self.pipeline.forward_loss(inputs, labels, doc_ids), count
-            loss = self.loss_fn(self._forward(inputs, doc_ids), labels)
+            loss = self.loss_fn(self._forward(inputs, doc_ids), labels, 1.0)  # the sum
         return full_tensor(loss).float(), count

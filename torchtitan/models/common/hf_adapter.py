@@ -5,7 +5,7 @@ blocks), any per-tensor layout change, ``hf_config`` (the ``config.json`` of the
 hyper-parameters) and ``args_from_hf_config``. The generic part here does the renaming, the tied
 output, the pipeline-stage filtering, the split of fused parameters into the separate tensors
 Hugging Face stores (and their merge back), and one error listing every missing, unexpected or
-misshapen tensor. The checkpoint manager and the scripts reach it only through the train spec.
+misshapen tensor. The checkpoint manager and the scripts reach it only through the model spec.
 
 Fused parameters: the attention's ``wqkv`` holds what Hugging Face (and this library's
 checkpoints before the fusion) store as ``wq``, ``wk`` and ``wv``. :meth:`~HFStateDictAdapter.unfuse`

@@ -1,13 +1,15 @@
-"""The train-spec registry: everything train.py needs to know about one model family.
+"""The model spec: what only a model family knows, and the registry of families.
 
-A model family registers one :class:`TrainSpec` (its model class, flavors, how to parallelize it,
-its tokenizer, loss, optimizer, LR schedule and data loader builders). Adding a model, or swapping
-its loss, touches only that model's folder and its registration.
+A family registers one :class:`ModelSpec`: its model class, flavors, the tensor-parallel plan of
+one block, its pipeline split and its Hugging Face adapter where they differ from the shared
+ones. Everything else a run builds (tokenizer, data loader, loss, optimizer, LR schedule) is the
+trainer's and the same for every family (``torchtitan/train/builders.py``). Adding a family is one
+folder under ``models/`` and one :func:`register_model_spec` call in its ``__init__.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,36 +19,33 @@ from torchtitan.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class TrainSpec:
+class ModelSpec:
     name: str
     cls: type[nn.Module]
-    flavors: dict[str, Any]
-    parallelize_fn: Callable[..., nn.Module]
-    build_tokenizer_fn: Callable[..., Any]
-    build_dataloader_fn: Callable[..., Any]
-    # (prediction, labels, reduction="mean" | "sum") -> loss; training calls it with "sum"
-    loss_fn: Callable[..., Any]
-    build_optimizer_fn: Callable[..., Any]
-    build_lr_scheduler_fn: Callable[..., Any]
-    nparams_and_flops_fn: Callable[..., tuple[int, int]]
-    # (meta model, PipelinePlan, pp rank) -> {stage index: stage module}; None: no pipelining
-    pipelining_fn: Callable[..., Any] | None = None
-    # HFStateDictAdapter subclass (called with the model args); None: no Hugging Face exchange
+    flavors: Mapping[str, Any]
+    # the Hugging Face state-dict adapter class (called with the model args); None: no exchange
     state_dict_adapter: type | None = None
-    # (folder, tokenizer, max_seq_len) -> None: tokenizer files beside a Hugging Face export
-    export_tokenizer_fn: Callable[..., None] | None = None
+    # styles -> {submodule: TP style} of one block; None: the shared decoder block plan
+    # (``distributed/tensor_parallel.decoder_block_plan``)
+    block_plan: Callable[[Any], dict[str, Any]] | None = None
+    # (meta model, PipelinePlan, pp rank) -> {stage index: stage module}; None: the shared
+    # decoder split (``distributed/pipeline.split_model``)
+    pipeline_split: Callable[..., dict[int, nn.Module]] | None = None
+    # (model, args, seq_len) -> (parameters, training FLOPs per token); None: the decoder's
+    # (``models/common/decoder.get_nparams_and_flops``)
+    nparams_and_flops: Callable[..., tuple[int, int]] | None = None
 
 
-_REGISTRY: dict[str, TrainSpec] = {}
+_REGISTRY: dict[str, ModelSpec] = {}
 
 
-def register_train_spec(spec: TrainSpec) -> None:
+def register_model_spec(spec: ModelSpec) -> None:
     if spec.name in _REGISTRY:
-        raise ValueError(f"train spec '{spec.name}' is already registered")
+        raise ValueError(f"model spec '{spec.name}' is already registered")
     _REGISTRY[spec.name] = spec
 
 
-def get_train_spec(name: str) -> TrainSpec:
+def get_model_spec(name: str) -> ModelSpec:
     import torchtitan.models  # noqa: F401  (registers the built-in families)
 
     if name not in _REGISTRY:
@@ -56,7 +55,7 @@ def get_train_spec(name: str) -> TrainSpec:
     return _REGISTRY[name]
 
 
-def spec_for_hf_config(config: dict, where: str) -> TrainSpec:
+def spec_for_hf_config(config: dict, where: str) -> ModelSpec:
     """The registered family whose adapter reads this ``config.json`` (by its ``model_type``)."""
     import torchtitan.models  # noqa: F401  (registers the built-in families)
 
@@ -87,7 +86,7 @@ MOVED_FLAVORS: dict[tuple[str, str], tuple[str, str]] = {
 
 
 def get_model_args(name: str, flavor: str) -> Any:
-    spec = get_train_spec(name)
+    spec = get_model_spec(name)
     if (name, flavor) in MOVED_FLAVORS:
         family, here = MOVED_FLAVORS[name, flavor]
         raise ConfigError(

@@ -1,13 +1,12 @@
-"""Qwen3's tensor-parallel plan of one block; the rest of the parallelisms are generic."""
+"""Qwen3's tensor-parallel plan of one block (Qwen3-MoE's too); the rest of the parallelisms are
+generic."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from torch.distributed.tensor.parallel import SequenceParallel
 
-from torchtitan.distributed.parallelize import parallelize_decoder
 from torchtitan.distributed.tensor_parallel import BlockStyles, decoder_block_plan
 
 
@@ -31,6 +30,3 @@ def block_plan(styles: BlockStyles) -> dict[str, Any]:
         "attention.q_norm": head_sharded_norm,
         "attention.k_norm": head_sharded_norm,
     }
-
-
-parallelize_qwen3 = partial(parallelize_decoder, block_plan=block_plan)

@@ -1,0 +1,261 @@
+"""The training loop: batch -> step runner -> clip -> guards -> optimizer -> metrics -> validation
+-> checkpoint, step after step from the one after the step resumed, and the summary of the run.
+
+``train.py`` builds the parts (:mod:`torchtitan.train.builders`) and hands them to :class:`Loop`
+by name.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from torchtitan.checkpoint import CheckpointManager, TrainState
+from torchtitan.config.schema import JobConfig
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.distributed.expert_load import ExpertLoad
+from torchtitan.observability.log import logger
+from torchtitan.observability.metrics import MetricsProcessor, mean_over
+from torchtitan.observability.profiling import profiled_steps
+from torchtitan.observability.run_summary import Summary, summary_lines
+from torchtitan.quantization import float8
+from torchtitan.resilience.guards import LossSpikeGuard, stop_if_diverged
+from torchtitan.resilience.preemption import Interrupted, Preempted, Preemption
+from torchtitan.resilience.stragglers import StragglerReport
+from torchtitan.resilience.watchdog import HangWatchdog
+from torchtitan.train import runtime
+from torchtitan.train.builders import Runtime
+from torchtitan.train.step import StepRunner
+from torchtitan.train.validation import Validator
+
+
+@dataclass(kw_only=True)
+class Loop:
+    """The training steps: batch -> step runner -> clip -> guards -> optimizer -> metrics ->
+    validation -> checkpoint, from the step after the one resumed."""
+
+    job_config: JobConfig
+    rt: Runtime
+    parts: list[torch.nn.Module]
+    runner: StepRunner
+    optimizer: Any
+    lr_scheduler: Any
+    metrics: MetricsProcessor
+    checkpointer: CheckpointManager
+    validator: Validator | None
+    train_state: TrainState
+    preemption: Preemption
+    _mean_loss: tuple[int, float] = (0, 0.0)  # (step, its loss averaged over the ranks)
+    # this run's first step, the tokens trained before it, and when the loop started and ended
+    _began: tuple[int, int, float, float] = (0, 0, 0.0, 0.0)
+
+    @property
+    def trained(self) -> bool:
+        """Whether this run trained a step."""
+        return 0 < self._began[0] <= self.train_state.step
+
+    def print_summary(self) -> None:
+        """Rank 0 prints the summary block of a run that trained a step."""
+        if self.rt.rank == 0 and self.trained:
+            for line in summary_lines(self.summary()):
+                logger.info(line)
+
+    def summary(self) -> Summary:
+        """What this run did, and where its outputs are."""
+        first, tokens_before, t0, t1 = self._began
+        tps, mfu = self.metrics.throughput()
+        return Summary(
+            first_step=first,
+            last_step=self.train_state.step,
+            tokens_run=self.train_state.ntokens_seen - tokens_before,
+            tokens_all=self.train_state.ntokens_seen,
+            wall_s=runtime.process_age(),
+            train_s=t1 - t0,
+            loss=self.metrics.last_loss,
+            validation=self.metrics.last_validation,
+            tokens_per_s=tps,
+            mfu_pct=mfu,
+            checkpoint=self.checkpointer.newest_complete(),
+            hf_export=self.checkpointer.last_hf_export,
+            tensorboard=self.metrics.tensorboard_folder,
+        )
+
+    @cached_property
+    def expert_load(self) -> ExpertLoad:
+        """Mixture-of-experts load balancing and its metrics (empty for a dense model)."""
+        moe = self.job_config.moe
+        return ExpertLoad(self.parts, self.rt.plan.model_args.n_layers, tp=self.rt.dims.tp,
+                          coeff=moe.load_balance_coeff, aux_coeff=moe.aux_loss_coeff,
+                          device=self.rt.device)  # fmt: skip
+
+    def hang_watchdog(self) -> HangWatchdog:
+        r = self.job_config.resilience
+        comm = self.job_config.comm
+        return HangWatchdog(
+            self.job_config.job.dump_folder,
+            self.rt.rank,
+            factor=r.hang_watchdog_factor,
+            floor_s=r.hang_watchdog_floor_seconds,
+            timeouts_s=(comm.init_timeout_seconds, comm.train_timeout_seconds),
+        )
+
+    @cached_property
+    def stragglers(self) -> StragglerReport:
+        """The slowest rank every log step (docs/reliability.md); off with one rank."""
+        return StragglerReport(self.job_config.resilience.straggler_threshold, rank=self.rt.rank,
+                               world_size=self.rt.world_size, device=self.rt.device)  # fmt: skip
+
+    @cached_property
+    def spike_guard(self) -> LossSpikeGuard:
+        r = self.job_config.resilience
+        return LossSpikeGuard(r.loss_spike_zscore, r.loss_spike_window, r.loss_spike_warmup_steps,
+                              r.loss_spike_max_consecutive)  # fmt: skip
+
+    @cached_property
+    def params(self) -> list[torch.nn.Parameter]:
+        """This rank's parameters, listed once for gradient clipping."""
+        return [p for m in self.parts for p in m.parameters()]
+
+    def run(self, data_iter: Any, startup: runtime.StartupTimer | None) -> None:
+        t, first = self.job_config.training, self.train_state.step + 1
+        if first > t.steps:
+            logger.info(f"Already trained to step {first - 1} of {t.steps}: nothing to do")
+            return
+        self._began = (first, self.train_state.ntokens_seen, time.perf_counter(), 0.0)
+        self.metrics.begin()
+        try:
+            self._run_steps(data_iter, startup, first)
+        finally:
+            self._began = (*self._began[:3], time.perf_counter())
+
+    def _run_steps(self, data_iter: Any, startup: runtime.StartupTimer | None, first: int) -> None:
+        t = self.job_config.training
+        gc_handler = runtime.GarbageCollection(t.gc_freq)
+        with (
+            self.preemption,
+            self.hang_watchdog() as watchdog,
+            profiled_steps(self.job_config, self.rt.rank, first - 1) as profiler,
+        ):
+            for step in range(first, t.steps + 1):
+                gc_handler.run(step)
+                watchdog.begin(step)
+                self.stragglers.begin(step)
+                loss, grad_norm = self.step(data_iter)
+                stop_if_diverged(step, loss, grad_norm, self.checkpointer)
+                lr = self.optimizer_step(step, skip=self.skips_update(step, loss))
+                self.stragglers.end(step, data_wait_s=self.metrics.data_loading_times[-1])
+                if self.metrics.should_log(step) or step == t.steps:  # the last step always
+                    self.log(step, loss, grad_norm, lr)
+                watchdog.end(step)
+                if self.validator is not None and self.validator.due(step):
+                    self.metrics.log_validation(step, *self.validator.run())
+                if not self.spike_guard.consecutive or step == t.steps:  # not amid spikes
+                    self.checkpointer.maybe_save(step)
+                if step < t.steps:
+                    self.stop_if_preempted(step)
+                profiler.step(step)
+                if startup is not None:  # first step of this run (compilation happens here)
+                    dist_utils.set_train_timeout(self.job_config.comm)
+                    startup.lap("first step")
+                    logger.info(startup.summary())
+                    startup = None
+
+    def log(
+        self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: dict[str, float]
+    ) -> None:
+        """The step's metrics: the loss averaged over the ranks, learning rates, MoE load,
+        stragglers, spikes."""
+        extra = {k: v for k, v in lr.items() if k != "lr"}
+        extra |= self.expert_load.metrics() if self.expert_load else {}
+        extra |= self.stragglers.report(step)
+        if self.spike_guard.enabled:
+            extra["loss_spikes/skipped"] = float(self.spike_guard.skipped)
+        self.metrics.log(step, self.mean_loss(step, loss), float(grad_norm), lr["lr"], extra=extra)
+
+    def mean_loss(self, step: int, loss: torch.Tensor) -> float:
+        """The step's loss averaged over the ranks: one all-reduce, however often it is asked."""
+        if self._mean_loss[0] != step:
+            self._mean_loss = (step, mean_over(loss, self.rt.dims.loss_mesh))
+        return self._mean_loss[1]
+
+    def skips_update(self, step: int, loss: torch.Tensor) -> bool:
+        """Whether the loss spike guard skips this step's update (the loss over every rank)."""
+        if not self.spike_guard.enabled:
+            return False
+        batch = self.rt.plan.global_batch_size
+        position = (f"global batch {step} of the data stream: its sequences {(step - 1) * batch}"
+                    f"-{step * batch - 1}, after {self.train_state.ntokens_seen:,} tokens")  # fmt: skip
+        return self.spike_guard.skips(step, self.mean_loss(step, loss), position, self.checkpointer)
+
+    def stop_if_preempted(self, step: int) -> None:
+        """After a stop signal or Ctrl-C reached any rank, every rank saves this step and exits
+        (code 160 for a preemption, 130 for Ctrl-C)."""
+        if (sig := self.preemption.agreed()) is None:
+            return
+        ctrl_c = self.preemption.is_ctrl_c(sig)
+        what = "Ctrl-C (again: stop at once, without saving)" if ctrl_c else sig.name
+        logger.warning(f"{what} received: saving step {step} before stopping")
+        path = self.checkpointer.save_before_exit(step)
+        if path:
+            saved = f"saved to {path}"
+        elif self.job_config.checkpoint.enable:
+            saved = "its save failed (see the log), the newest complete checkpoint stays"
+        else:
+            saved = "nothing saved (checkpoint.enable is false)"
+        if ctrl_c:
+            resume = "; run the same command to resume" if path else ""
+            raise Interrupted(f"stopped by Ctrl-C after step {step}: {saved}{resume}")
+        raise Preempted(
+            f"preempted by {sig.name} after step {step}: {saved}; start the job again to resume"
+        )
+
+    def step(self, data_iter: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward over the accumulation steps: (summed loss, clipped grad norm).
+        The step's micro-batches are read first: the loss is the mean over their valid tokens."""
+        self.optimizer.zero_grad()
+        t0 = time.perf_counter()
+        batches = [next(data_iter) for _ in range(self.rt.plan.grad_accum_steps)]
+        self.metrics.data_loading_times.append(time.perf_counter() - t0)
+        divisor = self.runner.step_tokens(batches).divisor
+        if self.expert_load:
+            self.expert_load.begin_step(sum(len(b.inputs) for b in batches))
+        loss = torch.zeros((), device=self.rt.device)
+        for batch in batches:
+            # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch
+            n = batch.labels.numel() // self.rt.dims.non_data_parallel_size
+            self.metrics.ntokens_since_last_log += n
+            loss += self.runner.forward_backward(batch, divisor)
+        max_norm = self.job_config.training.max_norm
+        return loss, dist_utils.clip_grad_norm_(
+            self.params, max_norm, pp_group=self.rt.dims.pp_group
+        )
+
+    def optimizer_step(self, step: int, skip: bool = False) -> dict[str, float]:
+        """The update (after a background save has copied the weights it needs); the learning
+        rates it used. A skipped update changes nothing, nor does the schedule move; the batch is
+        consumed."""
+        self.checkpointer.wait_for_staging()
+        lr = self.learning_rates()
+        if not skip:
+            self.optimizer.step()
+            if self.expert_load:  # the routing biases move with the step's load
+                self.expert_load.end_step()
+            float8.after_optimizer_step(self.parts, self.job_config)
+            self.lr_scheduler.step()
+        tokens = self.rt.plan.global_batch_size * self.job_config.training.seq_len
+        self.train_state.step = step
+        self.train_state.ntokens_seen += tokens
+        return lr
+
+    def learning_rates(self) -> dict[str, float]:
+        """The next step's ``lr`` (optimizer.lr on its schedule) and, with Muon, ``lr/muon``
+        (optimizer.muon_lr on the same schedule); parameter groups scale them by their multiplier."""
+        cfg, factor = self.job_config.optimizer, self.lr_scheduler.factor()
+        lrs = {"lr": cfg.lr * factor}
+        if cfg.name == "Muon":
+            lrs["lr/muon"] = cfg.muon_lr * factor
+        return lrs
