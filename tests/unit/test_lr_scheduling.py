@@ -76,11 +76,8 @@ def test_optimizers_share_the_schedule_each_from_its_own_peak():
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(2)]
     opts = [torch.optim.SGD([params[0]], lr=8e-4), torch.optim.SGD([params[1]], lr=0.02)]
 
-    class Both:
-        optimizers = opts
-
     cfg = LRScheduler(warmup_steps=2, decay_type="cosine", min_lr_factor=0.1)
-    sched = build_lr_scheduler(Both(), cfg, total_steps=6)
+    sched = build_lr_scheduler(opts, cfg, total_steps=6)
     assert isinstance(sched, LRSchedulers)
     expected = _factors(6, warmup_steps=2, decay_type="cosine", min_lr_factor=0.1)
     for step in range(6):

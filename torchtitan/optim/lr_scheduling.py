@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from torchtitan.config.schema import LRScheduler as LRConfig
-from torchtitan.optim.optimizers import Optimizers
 
 
 def lr_factor(step: int, *, total_steps: int, cfg: LRConfig) -> float:
@@ -71,12 +70,12 @@ class LRSchedulers:
 
 
 def build_lr_scheduler(
-    optimizer: Any, cfg: LRConfig, total_steps: int
+    optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer], cfg: LRConfig, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR | LRSchedulers:
     """A LambdaLR whose ``last_epoch`` counts finished optimizer steps (so resume restores it);
-    for an ``Optimizers`` container, one per optimizer in an ``LRSchedulers``."""
-    if isinstance(optimizer, Optimizers):
-        return LRSchedulers([build_lr_scheduler(o, cfg, total_steps) for o in optimizer.optimizers])
+    for a list of optimizers (``Optimizers.optimizers``), one each in an ``LRSchedulers``."""
+    if isinstance(optimizer, list):
+        return LRSchedulers([build_lr_scheduler(o, cfg, total_steps) for o in optimizer])
     # LambdaLR evaluates the lambda at last_epoch = 0 on construction (before step 1) and after each
     # scheduler.step(); we want the value for the *next* optimizer step, hence ``n + 1``.
     return torch.optim.lr_scheduler.LambdaLR(

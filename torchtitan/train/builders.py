@@ -263,7 +263,7 @@ def build_optimizer(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> tu
     rules = (optimizer.plans, optimizer.rules, optimizer.rule_hits)
     check_and_log(*rules, rt.dims.pp_group, rt.rank == 0)
     steps = job_config.lr_scheduler.total_steps or job_config.training.steps
-    lr_scheduler = build_lr_scheduler(optimizer, job_config.lr_scheduler, steps)
+    lr_scheduler = build_lr_scheduler(optimizer.optimizers, job_config.lr_scheduler, steps)
     return optimizer, lr_scheduler
 
 
