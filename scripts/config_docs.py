@@ -5,7 +5,7 @@
     python scripts/config_docs.py --write   # rewrite the tables in docs/config.md
 
 The tables sit between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` markers; the
-text around them is written by hand. tests/unit/test_config_docs.py fails when they are stale.
+text around them is written by hand. tests/unit/config/test_config_docs.py fails when they are stale.
 """
 
 from __future__ import annotations

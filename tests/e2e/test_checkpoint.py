@@ -1,7 +1,7 @@
 """Checkpointing through ./run_llama_train.sh (real processes, gloo on CPU): exact resume,
 resume under another parallel layout, incomplete and damaged checkpoints, retention, and the
 one-line errors. Losses are compared at full precision from TensorBoard. (The checks without a
-run are in tests/unit/test_checkpoint.py.)"""
+run are in tests/unit/checkpoint/test_checkpoint.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """train.py as a user runs it: --help lists every key, and config errors are one line on stderr
-(the parser itself is checked in-process in tests/unit/test_config.py)."""
+(the parser itself is checked in-process in tests/unit/config/test_config.py)."""
 
 from __future__ import annotations
 

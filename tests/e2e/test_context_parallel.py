@@ -1,6 +1,6 @@
 """Context parallel: the all-gather attention against plain SDPA in 1, 2 and 4 processes
 (tests/helpers/cp_worker.py under torchrun; on a GPU also with the CUDA kernels). The sequence
-layout and the configuration checks are in tests/unit/test_context_parallel.py, whole training
+layout and the configuration checks are in tests/unit/distributed/test_context_parallel.py, whole training
 runs under CP in tests/e2e/test_parallel_equivalence.py."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Data errors as train.py reports them: one ``error:`` line naming the file, line or key, found
 while the data is built (before the model), and the default validation set without a network in
 seconds, not after a minute of retries (the loader's messages themselves are checked in-process in
-tests/unit/test_datasets.py)."""
+tests/unit/data/test_datasets.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The data loader throughput benchmark (benchmarks/dataloader_throughput.py) runs and reports
 sane numbers. No timing thresholds: performance is shown by the benchmark, not asserted here.
-(Its target arithmetic is checked in tests/unit/test_dataloader_throughput.py.)"""
+(Its target arithmetic is checked in tests/unit/benchmarks/test_dataloader_throughput.py.)"""
 
 from __future__ import annotations
 

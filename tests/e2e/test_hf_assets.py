@@ -1,7 +1,7 @@
 """Hugging Face asset folders through real processes: scripts/download_hf_assets.py run offline
 is one line on stderr, ``scripts/generate.py --checkpoint FOLDER`` generates what transformers
 generates, and training starts from a whole folder (``model.hf_assets_path``). The in-process
-checks are in tests/unit/test_hf_assets.py."""
+checks are in tests/unit/scripts/test_hf_assets.py."""
 
 from __future__ import annotations
 

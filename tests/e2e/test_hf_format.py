@@ -2,7 +2,7 @@
 transformers the same logits and starts a pipelined run whose export is bit for bit the same; the
 conversion scripts agree with each other; generate.py's greedy tokens are transformers', and its
 seeded sampling repeats. The in-process checks of the conversion and the files are in
-tests/unit/test_hf_format.py."""
+tests/unit/checkpoint/test_hf_format.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Where the metrics go: Weights & Biases (offline) next to TensorBoard, and every rank's own
 metrics with metrics.save_for_all_ranks. (The config check is in
-tests/unit/test_metrics_sinks.py.)"""
+tests/unit/observability/test_metrics_sinks.py.)"""
 
 from __future__ import annotations
 

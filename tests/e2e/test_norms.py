@@ -3,7 +3,7 @@ eager reference and in the model (``torch.compile`` runs the C++ compiler on CPU
 Triton kernel on a GPU (ptxas), under Triton's interpreter and compiled for CUDA without a GPU
 (subprocesses), the CPU refusal through ``python -m torchtitan.preflight``, the fused norm under
 tensor (sequence) parallel (torchrun, tests/helpers/norms_tp_worker.py), and benchmarks/rmsnorm.py.
-The in-process checks are in tests/unit/test_norms.py."""
+The in-process checks are in tests/unit/models/test_norms.py."""
 
 from __future__ import annotations
 

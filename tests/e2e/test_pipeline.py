@@ -1,7 +1,7 @@
 """Pipeline parallelism in real processes (gloo on CPU): exact gradients of every schedule
 (tests/helpers/pp_worker.py in 2 processes), and train.py runs in 2 and 4 CPU processes whose
 per-step losses match the run without pipelining. The stage split and its validation are checked
-in-process in tests/unit/test_pipeline.py."""
+in-process in tests/unit/distributed/test_pipeline.py."""
 
 from __future__ import annotations
 

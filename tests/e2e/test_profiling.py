@@ -1,5 +1,5 @@
 """Profiler traces per rank on the schedule, and the CPU message for memory snapshots (the
-schedule's config check is in tests/unit/test_profiling.py)."""
+schedule's config check is in tests/unit/observability/test_profiling.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """scripts/download_tokenizer.py run as a user runs it, offline: one line on stderr. The
-tokenizers and the script's other checks are in tests/unit/test_tokenizer.py."""
+tokenizers and the script's other checks are in tests/unit/data/test_tokenizer.py."""
 
 from __future__ import annotations
 

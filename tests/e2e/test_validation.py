@@ -1,6 +1,6 @@
 """Validation loss and perplexity: the same numbers under FSDP and PP as in one process, a
 whole-dataset pass that ends together on every rank. (The one-line config errors are in
-tests/unit/test_validation.py.)"""
+tests/unit/train/test_validation.py.)"""
 
 from __future__ import annotations
 

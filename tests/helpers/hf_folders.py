@@ -1,7 +1,7 @@
 """Hugging Face model folders for the tests, built offline: ``tokenizer.json`` files trained with
 the ``tokenizers`` library on the offline corpus (Llama 3 and Llama 2 styles), and a Hub-like Llama
 folder of the debug flavor (tokenizer, config.json, model.safetensors). Shared by
-tests/unit/test_hf_assets.py and tests/e2e/test_hf_assets.py (and the debug model's arguments by
+tests/unit/scripts/test_hf_assets.py and tests/e2e/test_hf_assets.py (and the debug model's arguments by
 tests/e2e/test_hf_format.py)."""
 
 from __future__ import annotations

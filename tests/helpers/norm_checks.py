@@ -1,4 +1,4 @@
-"""RMSNorm numerics shared by tests/unit/test_norms.py and tests/e2e/test_norms.py: random cases,
+"""RMSNorm numerics shared by tests/unit/models/test_norms.py and tests/e2e/test_norms.py: random cases,
 outputs and gradients of a norm, the relative error against the eager reference, and the check of
 the fused Triton kernels (``check_kernel``: in-process on a GPU, and on CPU tensors in a process
 started with ``TRITON_INTERPRET=1``, with this folder on ``PYTHONPATH``)."""

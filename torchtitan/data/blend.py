@@ -6,7 +6,7 @@ has had and the weights are normalized; ties go to the first source. This is the
 Megatron-LM's ``BlendedDataset`` uses to build its blending index. It needs no random numbers, so
 the blend is the same on every rank and for any data-parallel degree, its position is a few
 integers, and the count of every source stays within a window or two of ``k w_i``
-(``tests/unit/test_mixture.py`` measures it), far inside the 1% asked over 10,000 windows.
+(``tests/unit/data/test_mixture.py`` measures it), far inside the 1% asked over 10,000 windows.
 
 When a resumed run changes the weights, the rule restarts from the saved counts
 (``start_k``, ``start_counts``), so the new proportions hold from that step on, without a burst of

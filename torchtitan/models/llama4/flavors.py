@@ -10,7 +10,7 @@ attn_scale 0.1, tie_word_embeddings false; Scout: num_local_experts 16,
 interleave_moe_layer_step 1, use_qk_norm true, rope_scaling llama3 (factor 16, low_freq_factor
 1, high_freq_factor 1, original_max_position_embeddings 8192); Maverick: num_local_experts 128,
 interleave_moe_layer_step 2, use_qk_norm false, no rope_scaling.
-Parameter counts, checked in ``tests/unit/test_llama4.py``: the model cards' "17B activated,
+Parameter counts, checked in ``tests/unit/models/test_moe_families.py``: the model cards' "17B activated,
 109B total" (Scout) and "17B activated, 400B total" (Maverick); those totals include the
 vision encoder, which the text model here does not have.
 """

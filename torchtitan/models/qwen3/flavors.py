@@ -10,7 +10,7 @@ Sources:
 * "Qwen3 Technical Report" (arXiv:2505.09388), Table 1 (layers, query / key-value heads, tied
   embeddings and context length of each dense model) and section 2 (GQA, SwiGLU, RoPE, RMSNorm
   with pre-normalization, QK-Norm instead of Qwen2's QKV bias).
-* Parameter counts, checked in ``tests/unit/test_qwen3.py``: the Qwen3 model cards ("Number of
+* Parameter counts, checked in ``tests/unit/models/test_qwen3.py``: the Qwen3 model cards ("Number of
   Parameters: 0.6B / 1.7B / 4.0B / 8.2B / 14.8B / 32.8B"; non-embedding 0.44B / 1.4B / 3.6B /
   6.95B / 13.2B / 31.2B).
 

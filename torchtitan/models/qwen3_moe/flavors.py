@@ -9,7 +9,7 @@ Sources:
   rope_theta 1000000, max_position_embeddings 40960, router_aux_loss_coef 0.001.
 * "Qwen3 Technical Report" (arXiv:2505.09388), Table 2 (layers, heads, 128 experts with 8
   activated, no shared experts) and section 2 (global-batch load balancing loss).
-* Parameter counts, checked in ``tests/unit/test_moe_families.py``: the model cards ("Number of
+* Parameter counts, checked in ``tests/unit/models/test_moe_families.py``: the model cards ("Number of
   Parameters: 30.5B in total and 3.3B activated"; "235B in total and 22B activated").
 
 ``vocab_size`` is the published one for the real flavors and -1 for the debug flavors (set from

@@ -1,7 +1,7 @@
 """Checkpoint checks that need no training run: the metadata unpickler refuses code, the folder
 scan orders steps and reads markers, and a seed checkpoint needs one process. Resuming through
 ./run_llama_train.sh is in tests/e2e/test_checkpoint.py; the checkpoint package's internals in
-tests/unit/test_checkpoint_internals.py."""
+tests/unit/checkpoint/test_checkpoint_internals.py."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def test_a_collective_timeout_becomes_one_line_naming_the_collective_and_its_cal
     line = str(found)
     assert "\n" not in line
     assert line.startswith("a collective timed out after 20s waiting in all_reduce (from ")
-    assert "tests/unit/test_watchdog.py" in line and "_raise_in_a_collective" in line
+    assert "tests/unit/resilience/test_watchdog.py" in line and "_raise_in_a_collective" in line
 
 
 def test_other_errors_are_not_collective_timeouts():
