@@ -58,9 +58,15 @@ def train(job_config: JobConfig) -> None:
     # ---- checkpoints: resume from the newest complete one in the folder, if any
     train_state = TrainState()
     checkpointer = builders.build_checkpointer(
-        job_config, rt, model, optimizer=optimizer, lr_scheduler=lr_scheduler,
-        dataloader=dataloader, train_state=train_state, tokenizer=tokenizer,
-    )  # fmt: skip
+        job_config,
+        rt,
+        model,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        dataloader=dataloader,
+        train_state=train_state,
+        tokenizer=tokenizer,
+    )
     if job_config.checkpoint.create_seed_checkpoint:  # initial weights for later runs, then stop
         checkpointer.save_seed()
         return

@@ -39,14 +39,19 @@ def run_mode(mode: str, ngpu: int, steps: int, interval: int, extra: list[str]) 
         env = dict(os.environ, NGPU=str(ngpu), PYTHON=sys.executable)
         cmd = [
             str(ROOT / "run_llama_train.sh"),
-            "--job.dump_folder", tmp,
-            "--training.steps", str(steps),
+            "--job.dump_folder",
+            tmp,
+            "--training.steps",
+            str(steps),
             "--checkpoint.enable",
-            "--checkpoint.interval", str(interval),
-            "--checkpoint.async_mode", mode,
-            "--metrics.log_freq", str(steps),
+            "--checkpoint.interval",
+            str(interval),
+            "--checkpoint.async_mode",
+            mode,
+            "--metrics.log_freq",
+            str(steps),
             *extra,
-        ]  # fmt: skip
+        ]
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"error: mode {mode} failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
@@ -64,8 +69,10 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", help="train.py arguments (after --)")
     args = parser.parse_args()
     rows = [run_mode(m, args.ngpu, args.steps, args.interval, args.extra) for m in MODES]
-    print(f"\n{'async_mode':<24}{'saves':>6}{'stall mean (s)':>16}{'stall max (s)':>15}"
-          f"{'background write (s)':>22}")  # fmt: skip
+    print(
+        f"\n{'async_mode':<24}{'saves':>6}{'stall mean (s)':>16}{'stall max (s)':>15}"
+        f"{'background write (s)':>22}"
+    )
     for r in rows:
         write = f"{statistics.mean(r['writes']):.3f}" if r["writes"] else "-"
         print(

@@ -180,11 +180,15 @@ def _training_args(args, corpus: str | None = None) -> list[str]:
     """The benchmark's options as the train.py arguments they stand for (``corpus``: read this
     pretokenized corpus instead of the text source)."""
     out = [
-        "--training.dataset", args.dataset,
-        "--training.local_batch_size", str(args.local_batch_size),
-        "--training.seq_len", str(args.seq_len),
-        "--training.shuffle", str(args.shuffle).lower(),
-    ]  # fmt: skip
+        "--training.dataset",
+        args.dataset,
+        "--training.local_batch_size",
+        str(args.local_batch_size),
+        "--training.seq_len",
+        str(args.seq_len),
+        "--training.shuffle",
+        str(args.shuffle).lower(),
+    ]
     if corpus is not None:
         return out + ["--training.dataset_path", corpus]
     if args.text_field:

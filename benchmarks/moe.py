@@ -492,9 +492,16 @@ def launch_workers(n: int, out_dir: Path, train_args: list[str], count: bool) ->
     cmd += ([] if count else ["--no-count"]) + ["--", *train_args]
     procs, logs = [], []
     for rank in range(n):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n),
-                   LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   PYTHONPATH=path)  # fmt: skip
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(n),
+            LOCAL_WORLD_SIZE=str(n),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            PYTHONPATH=path,
+        )
         env.setdefault("OMP_NUM_THREADS", str(threads))
         logs.append(open(out_dir / f"rank{rank}.log", "w"))
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logs[-1], stderr=logs[-1]))
@@ -632,11 +639,23 @@ def cmd_volume(a: argparse.Namespace, overrides: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="moe-volume-") as tmp:
         tmp_path = Path(a.keep or tmp)
         tmp_path.mkdir(parents=True, exist_ok=True)
-        train_args = ["--job.config_file", a.config,
-                      "--parallelism.expert_parallel_degree", str(a.ep or a.ngpu), *overrides,
-                      "--training.steps", str(a.steps), "--metrics.log_freq", "1",
-                      "--checkpoint.enable", "false", "--metrics.enable_tensorboard", "true",
-                      "--metrics.save_tb_folder", "tb"]  # fmt: skip
+        train_args = [
+            "--job.config_file",
+            a.config,
+            "--parallelism.expert_parallel_degree",
+            str(a.ep or a.ngpu),
+            *overrides,
+            "--training.steps",
+            str(a.steps),
+            "--metrics.log_freq",
+            "1",
+            "--checkpoint.enable",
+            "false",
+            "--metrics.enable_tensorboard",
+            "true",
+            "--metrics.save_tb_folder",
+            "tb",
+        ]
         try:
             job_config = parse_args([*train_args, "--job.dump_folder", str(tmp_path / "plan")])
         except TorchTitanError as e:
@@ -702,8 +721,17 @@ def format_layouts(rows: list[dict], config: str, steps: int, warmup: int, gb: i
 
 def cmd_layouts(a: argparse.Namespace, overrides: list[str]) -> int:
     settings = layout_settings(a.global_batch)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"), "--json",
-           "--config", a.config, "--steps", str(a.steps), "--warmup", str(a.warmup)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "train_throughput.py"),
+        "--json",
+        "--config",
+        a.config,
+        "--steps",
+        str(a.steps),
+        "--warmup",
+        str(a.warmup),
+    ]
     for name, _, extra in settings:
         cmd += ["--setting", f"{name}={extra}"]
     out = subprocess.run([*cmd, "--", *overrides], cwd=ROOT, capture_output=True, text=True)
@@ -726,8 +754,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     k = sub.add_parser("kernels", help="grouped-mm against the per-expert loop")
-    k.add_argument("--sizes", default="llama4-debug,qwen3-debug,many,big",
-                   help=f"commas: {', '.join(KERNEL_SIZES)}")  # fmt: skip
+    k.add_argument(
+        "--sizes",
+        default="llama4-debug,qwen3-debug,many,big",
+        help=f"commas: {', '.join(KERNEL_SIZES)}",
+    )
     k.add_argument("--warmup", type=int, default=1)
     k.add_argument("--rounds", type=int, default=5)
     k.add_argument("--steps", type=int, default=2, help="calls of each kernel per round")
@@ -740,8 +771,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     v.add_argument("--ep", type=int, default=0, help="expert_parallel_degree (0: --ngpu)")
     v.add_argument("--steps", type=int, default=3)
     v.add_argument("--keep", help="keep the workers' logs and dump folders under this folder")
-    v.add_argument("--check-losses", action="store_true",
-                   help="run once more without the counters and compare the losses")  # fmt: skip
+    v.add_argument(
+        "--check-losses",
+        action="store_true",
+        help="run once more without the counters and compare the losses",
+    )
     lay = sub.add_parser("layouts", help="tokens/s: 1 process, FSDP 2, EP 2, EP 2 x FSDP 2")
     lay.add_argument("--config", default="train_configs/llama4_debug.toml")
     lay.add_argument("--steps", type=int, default=12)

@@ -92,9 +92,13 @@ def worker(args: argparse.Namespace) -> None:
     dist.all_reduce(same, op=dist.ReduceOp.MIN)
     if dist.get_rank() == 0:
         row = {name: statistics.median(v[1:]) for name, v in times.items()}
-        row |= {"ranks": dist.get_world_size(), "matrices": len(shapes),
-                "parameters": sum(a * b for a, b in shapes), "equal": bool(same.item()),
-                "speedup": row["every_rank_s"] / row["shared_out_s"]}  # fmt: skip
+        row |= {
+            "ranks": dist.get_world_size(),
+            "matrices": len(shapes),
+            "parameters": sum(a * b for a, b in shapes),
+            "equal": bool(same.item()),
+            "speedup": row["every_rank_s"] / row["shared_out_s"],
+        }
         print("ROW " + json.dumps(row), flush=True)
     dist.barrier()  # neither rank tears its gloo pairs down while another still uses them
     dist.destroy_process_group()
@@ -112,9 +116,22 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(args.ranks), __file__, "--worker", "--model", args.model, "--flavor", args.flavor,
-           "--repeats", str(args.repeats)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.ranks),
+        __file__,
+        "--worker",
+        "--model",
+        args.model,
+        "--flavor",
+        args.flavor,
+        "--repeats",
+        str(args.repeats),
+    ]
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
@@ -128,8 +145,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(row))
         return 0
-    print("| ranks | matrices | parameters | every rank does all (ms) | shared out (ms) | speedup "
-          "| same result |")  # fmt: skip
+    print(
+        "| ranks | matrices | parameters | every rank does all (ms) | shared out (ms) | speedup "
+        "| same result |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     print(
         f"| {row['ranks']} | {row['matrices']} | {row['parameters']:,} | "

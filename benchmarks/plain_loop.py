@@ -49,8 +49,17 @@ def main() -> int:
     library, plain = [], []
     for r in range(a.rounds):
         with tempfile.TemporaryDirectory(prefix="plain-loop-") as dump:
-            args = [*train_args, "--training.steps", str(a.steps), "--metrics.enable_tensorboard",
-                    "true", "--checkpoint.enable", "false", "--job.dump_folder", dump]  # fmt: skip
+            args = [
+                *train_args,
+                "--training.steps",
+                str(a.steps),
+                "--metrics.enable_tensorboard",
+                "true",
+                "--checkpoint.enable",
+                "false",
+                "--job.dump_folder",
+                dump,
+            ]
             if train.main(args) != 0:
                 return 1
             library.append(_library_step_time(dump, a.warmup, a.steps))
@@ -104,8 +113,15 @@ def plain_step_time(job_config, warmup: int, steps: int) -> float:
     model.to_empty(device=device)
     model.init_weights()
     fused = o.implementation == "fused"
-    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                            weight_decay=o.weight_decay, fused=fused, foreach=not fused)  # fmt: skip
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        fused=fused,
+        foreach=not fused,
+    )
     # as train.py on one GPU: bfloat16 autocast (training.mixed_precision_param); float32 on CPU
     bf16 = device.type == "cuda" and t.mixed_precision_param == "bfloat16"
     batches = torch.randint(0, vocab, (steps, t.local_batch_size, t.seq_len + 1), device=device)

@@ -49,8 +49,10 @@ def main() -> int:
     if a.json:
         print(json.dumps(result))
         return 0
-    print(f"launch to first finished step ({a.launcher}, median of {a.repeats}): "
-          f"{result['launch_to_first_step_s']:.2f}s")  # fmt: skip
+    print(
+        f"launch to first finished step ({a.launcher}, median of {a.repeats}): "
+        f"{result['launch_to_first_step_s']:.2f}s"
+    )
     for name, secs in phases.items():
         print(f"  {name:32} {secs:6.2f}s")
     return 0
@@ -65,8 +67,9 @@ def measure(train_args: list[str], launcher: str) -> dict:
             cmd = ["bash", "run_llama_train.sh", *args]
         env = dict(os.environ, NGPU="1", PYTHONUNBUFFERED="1")
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         found = None
         for line in proc.stdout:
             m = LINE.search(line)

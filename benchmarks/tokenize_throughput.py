@@ -75,8 +75,13 @@ def baseline(args) -> dict:
     )
     seconds = time.perf_counter() - start
     tokens = sum(len(ids) for ids in out["input_ids"])
-    return {"method": "datasets.map(batched=True)", "workers": 1, "tokens": tokens,
-            "seconds": seconds, "documents": len(out)}  # fmt: skip
+    return {
+        "method": "datasets.map(batched=True)",
+        "workers": 1,
+        "tokens": tokens,
+        "seconds": seconds,
+        "documents": len(out),
+    }
 
 
 def ours(args, workers: int, folder: str) -> dict:
@@ -87,15 +92,21 @@ def ours(args, workers: int, folder: str) -> dict:
         script.main([*_train_args(args), "--output", out, "--workers", str(workers)])
     seconds = time.perf_counter() - start
     manifest = json.loads(Path(out, "manifest.json").read_text())
-    return {"method": "scripts/tokenize_dataset.py", "workers": workers,
-            "tokens": manifest["tokens"], "seconds": seconds,
-            "documents": manifest["documents"]}  # fmt: skip
+    return {
+        "method": "scripts/tokenize_dataset.py",
+        "workers": workers,
+        "tokens": manifest["tokens"],
+        "seconds": seconds,
+        "documents": manifest["documents"],
+    }
 
 
 def print_table(rows: list[dict], source: str) -> None:
     base = rows[0]["tokens"] / rows[0]["seconds"]
-    print(f"Tokenizing {source} ({rows[0]['documents']:,} documents, {rows[0]['tokens']:,} tokens) "
-          f"on {os.cpu_count()} CPUs")  # fmt: skip
+    print(
+        f"Tokenizing {source} ({rows[0]['documents']:,} documents, {rows[0]['tokens']:,} tokens) "
+        f"on {os.cpu_count()} CPUs"
+    )
     head = (
         f"{'method':<32}{'workers':>8}{'seconds':>9}{'tokens/s':>12}{'per worker':>12}{'vs map':>8}"
     )
@@ -104,8 +115,10 @@ def print_table(rows: list[dict], source: str) -> None:
     for r in rows:
         rate = r["tokens"] / r["seconds"]
         per = rate / r["workers"]
-        print(f"{r['method']:<32}{r['workers']:>8}{r['seconds']:>9.2f}{rate:>12,.0f}{per:>12,.0f}"
-              f"{per / base:>7.2f}x")  # fmt: skip
+        print(
+            f"{r['method']:<32}{r['workers']:>8}{r['seconds']:>9.2f}{rate:>12,.0f}{per:>12,.0f}"
+            f"{per / base:>7.2f}x"
+        )
     print("per worker = tokens/s / workers; vs map = per worker / the baseline's tokens/s. The")
     print("script's time includes starting its worker processes and writing the corpus.")
 

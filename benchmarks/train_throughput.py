@@ -56,9 +56,20 @@ def main() -> int:
         base = Path(a.keep or tmp)
         for i, (name, overrides, ngpu) in enumerate(settings):
             dump = base / f"run{i}"
-            args = [*extra, *overrides, "--training.steps", str(a.steps),
-                    "--metrics.log_freq", "1", "--metrics.enable_tensorboard", "true",
-                    "--metrics.save_tb_folder", "tb", "--job.dump_folder", str(dump)]  # fmt: skip
+            args = [
+                *extra,
+                *overrides,
+                "--training.steps",
+                str(a.steps),
+                "--metrics.log_freq",
+                "1",
+                "--metrics.enable_tensorboard",
+                "true",
+                "--metrics.save_tb_folder",
+                "tb",
+                "--job.dump_folder",
+                str(dump),
+            ]
             rc, tail = _run(a.config, ngpu, args)
             if rc != 0:
                 rows.append({"setting": name, "ngpu": ngpu, "error": tail})
@@ -91,8 +102,11 @@ def _run(config: str, ngpu: int, args: list[str]) -> tuple[int, str]:
     env = dict(os.environ, CONFIG_FILE=config, NGPU=str(ngpu), LOG_RANK="0")
     out = subprocess.run(
         ["bash", str(ROOT / "run_llama_train.sh"), *args],
-        cwd=ROOT, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     lines = (out.stdout + out.stderr).strip().splitlines()
     return out.returncode, next(
         (ln for ln in reversed(lines) if ln.startswith("error")), lines[-1] if lines else ""
@@ -144,8 +158,10 @@ def compare_to_first(rows: list[dict]) -> None:
 
 
 def format_table(rows: list[dict], config: str, ngpu: int, steps: int, warmup: int) -> str:
-    head = (f"{'setting':24} {'tokens/s/dev':>13} {'TFLOPs/dev':>11} {'MFU':>7} "
-            f"{'peak GiB':>9} {'step s':>8} {'loss':>7} {'speed':>6} {'loss gap':>9}")  # fmt: skip
+    head = (
+        f"{'setting':24} {'tokens/s/dev':>13} {'TFLOPs/dev':>11} {'MFU':>7} "
+        f"{'peak GiB':>9} {'step s':>8} {'loss':>7} {'speed':>6} {'loss gap':>9}"
+    )
     counts = sorted({r.get("ngpu", ngpu) for r in rows})
     procs = f"{ngpu} process(es)"
     if counts != [ngpu]:

@@ -50,9 +50,11 @@ def main() -> None:
     adapter = spec.state_dict_adapter(args)
     hf_state = {k: v.to(dtype) for k, v in adapter.to_hf(state).items()}
     files = write_folder(
-        a.out_dir, hf_state, adapter.hf_config(dtype=dtype, bos_id=bos, eos_id=eos),
+        a.out_dir,
+        hf_state,
+        adapter.hf_config(dtype=dtype, bos_id=bos, eos_id=eos),
         max_shard_bytes=int(a.max_shard_gb * (1 << 30)),
-    )  # fmt: skip
+    )
     if a.tokenizer:
         files += write_tokenizer_files(a.out_dir, tok, args.max_seq_len)
     print(f"wrote {a.out_dir}: config.json, {', '.join(files)}")

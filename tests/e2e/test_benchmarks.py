@@ -17,16 +17,34 @@ SMALL = ["--training.local_batch_size", "2", "--training.seq_len", "64"]
 def _bench(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, f"benchmarks/{script}", *args],
-        cwd=ROOT, env=train_env(tmp_path), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=train_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.extended
 def test_train_throughput_table_from_the_real_runs(tmp_path):
-    out = _bench(tmp_path, "train_throughput.py", "--steps", "5", "--warmup", "2", "--json",
-                 "--setting", "base=", "--setting", "broken=--training.local_batch_size 0",
-                 "--setting", "seed7=--debug.seed 7", "--", *SMALL)  # fmt: skip
+    out = _bench(
+        tmp_path,
+        "train_throughput.py",
+        "--steps",
+        "5",
+        "--warmup",
+        "2",
+        "--json",
+        "--setting",
+        "base=",
+        "--setting",
+        "broken=--training.local_batch_size 0",
+        "--setting",
+        "seed7=--debug.seed 7",
+        "--",
+        *SMALL,
+    )
     assert out.returncode == 1, out.stderr[-2000:]  # one setting failed, and says why
     rows = {r["setting"]: r for r in json.loads(out.stdout)["rows"]}
     assert "training.local_batch_size" in rows["broken"]["error"]
@@ -56,9 +74,22 @@ def test_train_throughput_table_from_the_real_runs(tmp_path):
 
 @pytest.mark.slow
 def test_plain_loop_reports_both_step_times_and_their_ratio(tmp_path):
-    out = _bench(tmp_path, "plain_loop.py", "--steps", "6", "--warmup", "2", "--rounds", "1",
-                 "--json", "--job.config_file", "train_configs/debug_model.toml",
-                 "--metrics.log_freq", "2", *SMALL)  # fmt: skip
+    out = _bench(
+        tmp_path,
+        "plain_loop.py",
+        "--steps",
+        "6",
+        "--warmup",
+        "2",
+        "--rounds",
+        "1",
+        "--json",
+        "--job.config_file",
+        "train_configs/debug_model.toml",
+        "--metrics.log_freq",
+        "2",
+        *SMALL,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["library_step_s"] > 0 and r["plain_step_s"] > 0 and r["steps_measured"] == 4
@@ -68,14 +99,28 @@ def test_plain_loop_reports_both_step_times_and_their_ratio(tmp_path):
 @pytest.mark.slow
 @pytest.mark.extended
 def test_startup_breakdown_covers_the_launch(tmp_path):
-    out = _bench(tmp_path, "startup.py", "--repeats", "1", "--json",
-                 "--job.config_file", "train_configs/debug_model.toml", *SMALL)  # fmt: skip
+    out = _bench(
+        tmp_path,
+        "startup.py",
+        "--repeats",
+        "1",
+        "--json",
+        "--job.config_file",
+        "train_configs/debug_model.toml",
+        *SMALL,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
     phases = r["phases_s"]
-    assert list(phases) == ["start and imports", "config and process group", "tokenizer and data",
-                            "model on meta", "parallelize and materialize",
-                            "optimizer, metrics, checkpoint", "first step"]  # fmt: skip
+    assert list(phases) == [
+        "start and imports",
+        "config and process group",
+        "tokenizer and data",
+        "model on meta",
+        "parallelize and materialize",
+        "optimizer, metrics, checkpoint",
+        "first step",
+    ]
     # the phases add up to the time from process start to the line (measured from outside too)
     assert sum(phases.values()) <= r["launch_to_first_step_s"] + 0.5
     assert sum(phases.values()) > 0.5 * r["launch_to_first_step_s"]
@@ -86,8 +131,13 @@ def test_plain_loop_refuses_steps_off_the_logging_grid(tmp_path):
     assert out.returncode == 2 and "multiples of metrics.log_freq (5)" in out.stderr
 
 
-MOE_PHASES = ("dispatch forward", "combine forward", "combine backward", "dispatch backward",
-              "counts forward")  # fmt: skip
+MOE_PHASES = (
+    "dispatch forward",
+    "combine forward",
+    "combine backward",
+    "dispatch backward",
+    "counts forward",
+)
 
 
 @pytest.mark.usefixtures("one_cpu_thread")
@@ -97,9 +147,24 @@ def test_moe_kernels_table_compares_grouped_mm_with_the_loop(capsys):
     assert bench.main(["kernels", "--sizes", "tiny", "--rounds", "1", "--steps", "1"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("size"))
-    assert lines[head].split() == ["size", "tokens", "E", "k", "dim", "hidden", "grouped", "ms",
-                                   "loop", "ms", "speedup", "(wall)", "GFLOP/s", "max|diff|",
-                                   "out", "grads"]  # fmt: skip
+    assert lines[head].split() == [
+        "size",
+        "tokens",
+        "E",
+        "k",
+        "dim",
+        "hidden",
+        "grouped",
+        "ms",
+        "loop",
+        "ms",
+        "speedup",
+        "(wall)",
+        "GFLOP/s",
+        "max|diff|",
+        "out",
+        "grads",
+    ]
     cells = lines[head + 1].split()
     assert cells[:6] == ["tiny", "64", "4", "2", "32", "64"]
     assert float(cells[6]) > 0 and float(cells[7]) > 0 and cells[8].endswith("x")
@@ -124,8 +189,19 @@ def test_moe_volume_observed_in_an_ep_run_matches_the_computed_rows(
     for key, value in train_env(tmp_path).items():  # the workers' caches, offline
         monkeypatch.setenv(key, value)
     bench = load_script("moe", folder="benchmarks")
-    rc = bench.main(["volume", "--steps", "2", "--", "--training.seq_len", "32",
-                     "--training.local_batch_size", "1", *extra])  # fmt: skip
+    rc = bench.main(
+        [
+            "volume",
+            "--steps",
+            "2",
+            "--",
+            "--training.seq_len",
+            "32",
+            "--training.local_batch_size",
+            "1",
+            *extra,
+        ]
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 0, lines
     assert "T = 32 tokens per rank per micro-batch, top_k 1, dim 256" in lines[0]

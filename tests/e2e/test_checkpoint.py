@@ -26,18 +26,26 @@ from torchtitan.checkpoint import scan
 # Warm-up up to the resume point and no decay: a 10-step and a 20-step run follow the same
 # schedule, and a resume that lost the LR-scheduler state would warm up again (other losses).
 COMMON = [
-    "--training.seq_len", "64",
-    "--training.global_batch_size", "8",
-    "--lr_scheduler.warmup_steps", "10",
-    "--lr_scheduler.decay_ratio", "0",
-    "--metrics.log_freq", "1",
-    "--debug.seed", "42",
+    "--training.seq_len",
+    "64",
+    "--training.global_batch_size",
+    "8",
+    "--lr_scheduler.warmup_steps",
+    "10",
+    "--lr_scheduler.decay_ratio",
+    "0",
+    "--metrics.log_freq",
+    "1",
+    "--debug.seed",
+    "42",
     "--debug.deterministic",
     "--checkpoint.enable",
-    "--checkpoint.interval", "5",
+    "--checkpoint.interval",
+    "5",
     # parameter groups with their own learning rate: a resume keeps them (keyed by name)
-    "--optimizer.param_groups", '[{"match": "layers.*.feed_forward.*", "lr_multiplier": 2}]',
-]  # fmt: skip
+    "--optimizer.param_groups",
+    '[{"match": "layers.*.feed_forward.*", "lr_multiplier": 2}]',
+]
 ONE_PROCESS = ["--training.local_batch_size", "8"]
 
 
@@ -86,8 +94,13 @@ def test_block_causal_training_resumes_exactly(tmp_path):
     """Document masking on (block-causal attention, documents' first tokens unpredicted, two
     accumulation steps, so the loss is weighed by each step's valid tokens): 10 steps, then a
     resume to 20, give the losses of 20 steps in one go."""
-    masking = ["--model.attn_mask_type", "block_causal", "--training.mask_document_starts",
-               "--training.local_batch_size", "4"]  # fmt: skip
+    masking = [
+        "--model.attn_mask_type",
+        "block_causal",
+        "--training.mask_document_starts",
+        "--training.local_batch_size",
+        "4",
+    ]
     _train(tmp_path / "unbroken", 20, *masking)
     unbroken = tensorboard_scalars_all_runs(tmp_path / "unbroken" / "out")
     _train(tmp_path / "resumed", 10, *masking)
@@ -103,16 +116,32 @@ def test_block_causal_training_resumes_exactly(tmp_path):
 @pytest.mark.parametrize(
     "first, second",
     [
-        ((2, ["--training.local_batch_size", "4"]), (2, ["--parallelism.tensor_parallel_degree", "2",
-                                                          "--training.local_batch_size", "8"])),
-        ((1, ONE_PROCESS), (2, ["--parallelism.pipeline_parallel_degree", "2",
-                                "--parallelism.pipeline_parallel_microbatch_size", "4",
-                                "--training.local_batch_size", "8"])),
-        pytest.param((4, ["--training.local_batch_size", "2"]), (2, ["--training.local_batch_size", "4"]),
-                     marks=pytest.mark.extended),
+        (
+            (2, ["--training.local_batch_size", "4"]),
+            (2, ["--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "8"]),
+        ),
+        (
+            (1, ONE_PROCESS),
+            (
+                2,
+                [
+                    "--parallelism.pipeline_parallel_degree",
+                    "2",
+                    "--parallelism.pipeline_parallel_microbatch_size",
+                    "4",
+                    "--training.local_batch_size",
+                    "8",
+                ],
+            ),
+        ),
+        pytest.param(
+            (4, ["--training.local_batch_size", "2"]),
+            (2, ["--training.local_batch_size", "4"]),
+            marks=pytest.mark.extended,
+        ),
     ],
     ids=["fsdp2_to_tp2", "pp_off_to_pp2", "dp4_to_dp2"],
-)  # fmt: skip
+)
 def test_resume_under_another_layout_continues_the_same_training(tmp_path, unbroken, first, second):
     _train(tmp_path, 10, *first[1], ngpu=first[0])
     _train(tmp_path, 20, *second[1], ngpu=second[0])
@@ -130,8 +159,16 @@ def test_muon_resumes_under_another_layout(tmp_path):
     _train(tmp_path / "unbroken", 20, *ONE_PROCESS, *muon)
     unbroken = tensorboard_scalars_all_runs(tmp_path / "unbroken" / "out")
     _train(tmp_path, 10, "--training.local_batch_size", "4", *muon, ngpu=2)
-    _train(tmp_path, 20, "--parallelism.tensor_parallel_degree", "2",
-           "--training.local_batch_size", "8", *muon, ngpu=2)  # fmt: skip
+    _train(
+        tmp_path,
+        20,
+        "--parallelism.tensor_parallel_degree",
+        "2",
+        "--training.local_batch_size",
+        "8",
+        *muon,
+        ngpu=2,
+    )
     resumed = tensorboard_scalars_all_runs(tmp_path / "out")
     assert sorted(resumed) == list(range(1, 21))
     gap = {step: abs(resumed[step] - unbroken[step]) for step in range(1, 21)}
@@ -216,8 +253,16 @@ def test_only_checkpoint_damaged_and_missing_load_step_are_one_line_errors(tmp_p
     start = str(_folder(tmp_path) / "step-5")
     out = _train(other, 2, *ONE_PROCESS, "--checkpoint.initial_load_path", start)
     assert f"Loaded model weights from {start}" in out.stdout and "step: 1 " in out.stdout
-    out = _train(other, 2, *ONE_PROCESS, "--job.dump_folder", str(other / "new"),
-                 "--checkpoint.initial_load_path", str(tmp_path), ok=False)  # fmt: skip
+    out = _train(
+        other,
+        2,
+        *ONE_PROCESS,
+        "--job.dump_folder",
+        str(other / "new"),
+        "--checkpoint.initial_load_path",
+        str(tmp_path),
+        ok=False,
+    )
     assert (
         f"error: checkpoint.initial_load_path: '{tmp_path}' is not a DCP checkpoint folder"
         in out.stderr
@@ -254,10 +299,18 @@ def test_a_killed_worker_is_restarted_and_resumes(tmp_path):
     assert sorted(unbroken) == list(range(1, steps + 1))
 
     run_dir = tmp_path / "killed"
-    env = dict(os.environ, NGPU="2", MAX_RESTARTS="1", PYTHON=sys.executable, HF_HUB_OFFLINE="1",
-               **cache_env(tmp_path))  # fmt: skip
+    env = dict(
+        os.environ,
+        NGPU="2",
+        MAX_RESTARTS="1",
+        PYTHON=sys.executable,
+        HF_HUB_OFFLINE="1",
+        **cache_env(tmp_path),
+    )
     cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(run_dir / "out"), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     marker = run_dir / "out" / "checkpoint" / "step-10" / "COMPLETE"
     deadline = time.time() + 600
     while not marker.exists() and time.time() < deadline and proc.poll() is None:
@@ -279,8 +332,16 @@ def test_a_killed_worker_is_restarted_and_resumes(tmp_path):
 def test_seed_checkpoint_starts_a_run_of_another_layout(tmp_path):
     """A seed written with --debug.seed 7 by one process: a 2-process FSDP run given seed 42
     starts from the seed's weights (its losses are seed 7's, not 42's)."""
-    out = _train(tmp_path, 4, *ONE_PROCESS, "--checkpoint.create_seed_checkpoint",
-                 "--debug.seed", "7", "--parallelism.tensor_parallel_degree", "2")  # fmt: skip
+    out = _train(
+        tmp_path,
+        4,
+        *ONE_PROCESS,
+        "--checkpoint.create_seed_checkpoint",
+        "--debug.seed",
+        "7",
+        "--parallelism.tensor_parallel_degree",
+        "2",
+    )
     assert [(c.step, c.complete, c.model_only) for c in scan(str(_folder(tmp_path)))] == [
         (0, True, True)
     ]
@@ -315,16 +376,28 @@ def test_excluded_state_is_not_loaded(tmp_path, unbroken):
 def test_model_only_saves_are_exports_not_resume_points(tmp_path):
     from torchtitan.checkpoint import read_model_weights
 
-    _train(tmp_path, 5, *ONE_PROCESS, "--checkpoint.every_save_model_only",
-           "--checkpoint.export_dtype", "bfloat16")  # fmt: skip
+    _train(
+        tmp_path,
+        5,
+        *ONE_PROCESS,
+        "--checkpoint.every_save_model_only",
+        "--checkpoint.export_dtype",
+        "bfloat16",
+    )
     [found] = scan(str(_folder(tmp_path)))
     assert (found.step, found.complete, found.model_only) == (5, True, True)
     weights = read_model_weights(found.path)
     assert {w.dtype for w in weights.values()} == {torch.bfloat16}
     # a fresh start over it: the old export is set aside, not overwritten by this run's step 5;
     # retention counts each kind on its own, so the model-only step 10 leaves step 5 resumable
-    out = _train(tmp_path, 10, *ONE_PROCESS, "--checkpoint.keep_latest_k", "1",
-                 "--checkpoint.last_save_model_only")  # fmt: skip
+    out = _train(
+        tmp_path,
+        10,
+        *ONE_PROCESS,
+        "--checkpoint.keep_latest_k",
+        "1",
+        "--checkpoint.last_save_model_only",
+    )
     assert "holds model weights only: not a resume point" in out.stdout
     assert "Loaded" not in out.stdout and "step: 1 " in out.stdout
     assert (_folder(tmp_path) / "step-5.superseded").is_dir()
@@ -350,9 +423,20 @@ def test_ranks_agree_on_falling_back_past_a_checkpoint_one_stage_cannot_load(tmp
     for k in last:
         del meta.state_dict_metadata[k]
     metadata.write_bytes(pickle.dumps(meta))
-    out = launch(tmp_path, *COMMON, "--training.steps", "12", "--training.local_batch_size", "8",
-                 "--parallelism.pipeline_parallel_degree", "2",
-                 "--parallelism.pipeline_parallel_microbatch_size", "4", ngpu=2, timeout=300)  # fmt: skip
+    out = launch(
+        tmp_path,
+        *COMMON,
+        "--training.steps",
+        "12",
+        "--training.local_batch_size",
+        "8",
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--parallelism.pipeline_parallel_microbatch_size",
+        "4",
+        ngpu=2,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"checkpoint {_folder(tmp_path) / 'step-10'} lacks {len(last)} parameters" in out.stdout
     assert "falling back to the checkpoint before it" in out.stdout and "(step 5)" in out.stdout
@@ -377,8 +461,9 @@ def test_resume_refuses_a_checkpoint_with_other_block_counts(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     start = str(_folder(tmp_path) / "step-5")
-    out = _train(other, 2, *ONE_PROCESS, "--model.n_layers", "1",
-                 "--checkpoint.initial_load_path", start)  # fmt: skip
+    out = _train(
+        other, 2, *ONE_PROCESS, "--model.n_layers", "1", "--checkpoint.initial_load_path", start
+    )
     assert f"Loaded model weights from {start}" in out.stdout
 
 
@@ -387,13 +472,30 @@ def test_resume_refuses_a_checkpoint_with_other_block_counts(tmp_path):
 def test_interval_in_seconds_saves_by_the_clock_on_every_rank_alike(tmp_path):
     """checkpoint.interval_type = "seconds": a save once the interval has passed on any rank's
     clock, the ranks agreeing (a rank saving alone would hang the collective save)."""
-    out = _train(tmp_path, 8, "--training.local_batch_size", "4", "--checkpoint.interval_type",
-                 "seconds", "--checkpoint.interval", "1", ngpu=2)  # fmt: skip
+    out = _train(
+        tmp_path,
+        8,
+        "--training.local_batch_size",
+        "4",
+        "--checkpoint.interval_type",
+        "seconds",
+        "--checkpoint.interval",
+        "1",
+        ngpu=2,
+    )
     steps = [c.step for c in scan(str(_folder(tmp_path))) if c.complete]
     assert steps[-1] == 8 and len(steps) >= 2, (steps, out.stdout[-2000:])
     # an hour's interval: only the last step is saved (and the first, when asked for)
-    out = _train(tmp_path / "hour", 6, *ONE_PROCESS, "--checkpoint.interval_type", "seconds",
-                 "--checkpoint.interval", "3600", "--checkpoint.enable_first_step_checkpoint")  # fmt: skip
+    out = _train(
+        tmp_path / "hour",
+        6,
+        *ONE_PROCESS,
+        "--checkpoint.interval_type",
+        "seconds",
+        "--checkpoint.interval",
+        "3600",
+        "--checkpoint.enable_first_step_checkpoint",
+    )
     assert [c.step for c in scan(str(_folder(tmp_path / "hour")))] == [1, 6]
 
 
@@ -404,9 +506,22 @@ def test_resuming_on_more_processes_names_the_global_batch_and_resumes_exactly_w
     values and what to pass, no checkpoint set aside or skipped; with them, the run resumes."""
     # (with a schedule that does not depend on training.steps, so that the unbroken 10-step run
     # and the 8-step one train alike up to step 8)
-    args = ["--training.seq_len", "64", "--checkpoint.enable", "--checkpoint.interval", "3",
-            "--metrics.log_freq", "1", "--debug.seed", "42", "--debug.deterministic",
-            "--lr_scheduler.warmup_steps", "2", "--lr_scheduler.decay_ratio", "0"]  # fmt: skip
+    args = [
+        "--training.seq_len",
+        "64",
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "3",
+        "--metrics.log_freq",
+        "1",
+        "--debug.seed",
+        "42",
+        "--debug.deterministic",
+        "--lr_scheduler.warmup_steps",
+        "2",
+        "--lr_scheduler.decay_ratio",
+        "0",
+    ]
     unbroken = launch(tmp_path / "unbroken", *args, "--training.steps", "10")
     assert unbroken.returncode == 0, unbroken.stderr[-3000:]
     first = launch(tmp_path, *args, "--training.steps", "8")
@@ -435,9 +550,12 @@ def test_resuming_on_more_processes_names_the_global_batch_and_resumes_exactly_w
     assert sorted(resumed) == list(range(1, 11)), resumed
     # the summary block: this run's steps and tokens, and where its outputs are
     summary = again.stdout[again.stdout.index("INFO Run summary") :]
-    for line in ("steps         9-10 this run (2), 10 in all",
-                 "tokens        1,024 this run, 5,120 in all",
-                 f"checkpoint    {folder / 'step-10'}", f"TensorBoard   {run}"):  # fmt: skip
+    for line in (
+        "steps         9-10 this run (2), 10 in all",
+        "tokens        1,024 this run, 5,120 in all",
+        f"checkpoint    {folder / 'step-10'}",
+        f"TensorBoard   {run}",
+    ):
         assert line in summary, summary
     for step in (9, 10):  # FSDP over 2 ranks differs from one process by summation order only
         assert abs(resumed[step] - expected[step]) <= 1e-5, (step, resumed, expected)

@@ -27,13 +27,18 @@ from torchtitan.checkpoint import read_model_weights, scan
 
 HELPERS = ROOT / "tests" / "helpers"
 ARGS = [
-    "--training.steps", "30",
-    "--training.seq_len", "64",
-    "--training.local_batch_size", "2",
-    "--metrics.log_freq", "10",
+    "--training.steps",
+    "30",
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "2",
+    "--metrics.log_freq",
+    "10",
     "--checkpoint.enable",
-    "--checkpoint.interval", "10",
-]  # fmt: skip
+    "--checkpoint.interval",
+    "10",
+]
 SIZE = "100m"  # one checkpoint of the debug model (70 MB) fits, a second does not
 
 # Inside the namespace: the tmpfs over the checkpoint folder, the training run, then a copy of
@@ -69,8 +74,15 @@ pytestmark = [
 
 def _run(cmd: list[str], env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
     """``cmd`` in a session of its own; on a timeout the whole session is killed."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -90,8 +102,18 @@ def _train_on_small_disk(tmp_path: Path, *args: str, ngpu: int = 2, watch: bool 
     of the checkpoint folder as it was when the run ended."""
     out, copy = tmp_path / "out", tmp_path / "after"
     launcher = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(out), *ARGS, *args]
-    cmd = ["unshare", "-m", "sh", "-c", SCRIPT, "sh", str(out / "checkpoint"), str(copy), SIZE,
-           *launcher]  # fmt: skip
+    cmd = [
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        SCRIPT,
+        "sh",
+        str(out / "checkpoint"),
+        str(copy),
+        SIZE,
+        *launcher,
+    ]
     env = train_env(tmp_path, NGPU=str(ngpu), **({"WATCH": "1"} if watch else {}))
     run = _run(cmd, env, timeout=600)
     assert run.returncode != 97, run.stderr  # the tmpfs could not be mounted
@@ -142,11 +164,13 @@ def test_with_continue_a_full_disk_is_logged_and_training_goes_on(tmp_path):
     failed = [line.split(" ERROR ", 1)[1] for line in run.stdout.splitlines() if " ERROR " in line]
     assert failed == [
         f"checkpoint save to {folder / f'step-{step}'} failed: [Errno 28] No space left on "
-        f"device (ranks 0, 1); {goes_on} (checkpoint.on_save_error = \"continue\"); the newest "
+        f'device (ranks 0, 1); {goes_on} (checkpoint.on_save_error = "continue"); the newest '
         f"complete checkpoint, {folder / 'step-10'}, is kept"
-        for step, goes_on in [(20, "training goes on and the next save tries again"),
-                              (30, "the run ends without it")]
-    ], output[-4000:]  # fmt: skip
+        for step, goes_on in [
+            (20, "training goes on and the next save tries again"),
+            (30, "the run ends without it"),
+        ]
+    ], output[-4000:]
     assert [(c.step, c.complete) for c in scan(str(copy))] == [(10, True)]
     assert len(read_model_weights(str(copy / "step-10"))) > 0
 
@@ -172,30 +196,45 @@ def test_a_filesystem_gone_read_only_stops_the_run_at_its_next_save(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "mode", params(["sync stop", "sync continue", "async stop", "async continue"],
-                   extended=["sync stop", "async continue"]),
-)  # fmt: skip
+    "mode",
+    params(
+        ["sync stop", "sync continue", "async stop", "async continue"],
+        extended=["sync stop", "async continue"],
+    ),
+)
 def test_two_ranks_agree_on_a_failure_only_rank_0_sees(tmp_path, mode):
     """Rank 0's COMPLETE marker cannot be written. Synchronously, both ranks decide at that
     save; in the background, rank 0 finds out at once and rank 1 not at all, and both decide
     at the next save."""
     sync, on_error = mode.split()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(HELPERS / "save_failure_worker.py"), str(tmp_path), sync, on_error]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(HELPERS / "save_failure_worker.py"),
+        str(tmp_path),
+        sync,
+        on_error,
+    ]
     run = _run(cmd, train_env(tmp_path, PYTHONPATH=str(ROOT)), timeout=180)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = sorted(line.split(" ", 3)[1:] for line in run.stdout.splitlines()
-                     if line.startswith("RESULT "))  # fmt: skip
-    logged = sorted(line.split(" ", 2)[1] for line in run.stdout.splitlines()
-                    if line.startswith("LOG "))  # fmt: skip
+    results = sorted(
+        line.split(" ", 3)[1:] for line in run.stdout.splitlines() if line.startswith("RESULT ")
+    )
+    logged = sorted(
+        line.split(" ", 2)[1] for line in run.stdout.splitlines() if line.startswith("LOG ")
+    )
     folder = tmp_path / "checkpoint"
     failed = f"checkpoint save to {folder / 'step-10'} failed: [Errno 28] No space left on device"
     decided_at = "save-10" if sync == "sync" else "save-15"
     for rank in "01":  # the same outcome on both ranks, at the same call
         outcome = dict((call, what) for r, call, what in results if r == rank)
         if on_error == "stop":
-            assert outcome[decided_at].startswith(f"raised {failed}; the newest complete "
-                                                  f"checkpoint, {folder / 'step-5'}, is kept")  # fmt: skip
+            assert outcome[decided_at].startswith(
+                f"raised {failed}; the newest complete checkpoint, {folder / 'step-5'}, is kept"
+            )
         else:
             assert outcome.get("save-10", "returned None") == "returned None", outcome
             assert outcome["save-15"] == f"returned {folder / 'step-15'}", outcome

@@ -16,8 +16,15 @@ from repo_paths import HELPERS, ROOT
 
 def _run_worker(nproc: int, *args: str, timeout: int = 300) -> dict[str, list[float]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", str(HELPERS / "cp_worker.py"), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(HELPERS / "cp_worker.py"),
+        *args,
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     results = {}

@@ -17,10 +17,25 @@ from repo_paths import DEBUG_TOML, ROOT
 
 
 def _train(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "train.py", "--job.config_file", DEBUG_TOML, "--job.dump_folder",
-           str(tmp_path / "out"), "--training.steps", "1", *args]  # fmt: skip
-    return subprocess.run(cmd, cwd=ROOT, env={**train_env(tmp_path), **env}, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "train.py",
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.dump_folder",
+        str(tmp_path / "out"),
+        "--training.steps",
+        "1",
+        *args,
+    ]
+    return subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={**train_env(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _error_lines(out: subprocess.CompletedProcess) -> list[str]:
@@ -69,8 +84,17 @@ def test_the_default_validation_set_without_a_network_fails_in_seconds(tmp_path)
         endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
         env = {**train_env(tmp_path), "HF_ENDPOINT": endpoint}
         env.pop("HF_HUB_OFFLINE")
-        cmd = [sys.executable, "train.py", "--job.config_file", DEBUG_TOML, "--job.dump_folder",
-               str(tmp_path / "out"), "--training.steps", "1", "--validation.enable"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "train.py",
+            "--job.config_file",
+            DEBUG_TOML,
+            "--job.dump_folder",
+            str(tmp_path / "out"),
+            "--training.steps",
+            "1",
+            "--validation.enable",
+        ]
         start = time.monotonic()
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         elapsed = time.monotonic() - start

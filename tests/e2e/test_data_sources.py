@@ -29,10 +29,22 @@ def corpus(tmp_path_factory) -> Path:
     """The debug corpus (python_docs), pretokenized with the debug tokenizer by the script."""
     tmp = tmp_path_factory.mktemp("corpus")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "tokenize_dataset.py"), "--job.config_file",
-         DEBUG_TOML, "--output", str(tmp / "python_docs_tok"), "--workers", "2"],
-        cwd=ROOT, env=train_env(tmp), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "tokenize_dataset.py"),
+            "--job.config_file",
+            DEBUG_TOML,
+            "--output",
+            str(tmp / "python_docs_tok"),
+            "--workers",
+            "2",
+        ],
+        cwd=ROOT,
+        env=train_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return tmp / "python_docs_tok"
 
@@ -48,11 +60,20 @@ def mixture(corpus: Path) -> list[str]:
 
 LAYOUTS = {
     "fsdp2": (2, ["--training.local_batch_size", "4"]),
-    "pp2_tp2": (4, ["--parallelism.pipeline_parallel_degree", "2",
-                    "--parallelism.tensor_parallel_degree", "2",
-                    "--parallelism.pipeline_parallel_microbatch_size", "2",
-                    "--training.local_batch_size", "8"]),
-}  # fmt: skip
+    "pp2_tp2": (
+        4,
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
+}
 
 
 def _run(tmp_path: Path, corpus: Path, ngpu: int, *extra: str) -> str:
@@ -118,9 +139,22 @@ def test_one_small_text_file_trains_with_a_larger_global_batch(tmp_path):
     ]
     book.write_text("\n".join(lines))
     assert 35_000 < book.stat().st_size < 50_000
-    out = launch(tmp_path, "--training.dataset_path", str(book), "--training.steps", "4",
-                 "--training.seq_len", "128", "--training.global_batch_size", "8",
-                 "--training.local_batch_size", "4", "--metrics.log_freq", "1", ngpu=2)  # fmt: skip
+    out = launch(
+        tmp_path,
+        "--training.dataset_path",
+        str(book),
+        "--training.steps",
+        "4",
+        "--training.seq_len",
+        "128",
+        "--training.global_batch_size",
+        "8",
+        "--training.local_batch_size",
+        "4",
+        "--metrics.log_freq",
+        "1",
+        ngpu=2,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "fewer rows than the global batch: tokenized whole, cut by tokens" in out.stdout
     assert sorted(console_losses(out.stdout)) == [1, 2, 3, 4]

@@ -78,13 +78,19 @@ def test_local_dataset_sharded_over_ranks(tmp_path):
             f.write(json.dumps({"text": f"document number {i} " + "word " * (i % 7 + 3)}) + "\n")
     result = run_bench(
         tmp_path,
-        "--dataset-path", str(data),
-        "--local-batch-size", "2",
-        "--seq-len", "16",
-        "--dp-world-size", "2",
-        "--dp-rank", "all",
-        "--batches", "4",
-    )  # fmt: skip
+        "--dataset-path",
+        str(data),
+        "--local-batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--dp-world-size",
+        "2",
+        "--dp-rank",
+        "all",
+        "--batches",
+        "4",
+    )
     assert result["config"]["dataset_path"] == str(data)
     rows = result["rows"]
     assert [r["dp_rank"] for r in rows] == [0, 1]
@@ -124,9 +130,18 @@ def _small_jsonl(folder: Path) -> Path:
 def test_pretokenized_corpus_next_to_tokenizing_on_the_fly(tmp_path):
     data = _small_jsonl(tmp_path / "data")
     result = run_bench(
-        tmp_path, "--dataset-path", str(data), "--pretokenized", "auto",
-        "--seq-len", "16", "--local-batch-size", "2", "--batches", "4",
-    )  # fmt: skip
+        tmp_path,
+        "--dataset-path",
+        str(data),
+        "--pretokenized",
+        "auto",
+        "--seq-len",
+        "16",
+        "--local-batch-size",
+        "2",
+        "--batches",
+        "4",
+    )
     fly, pre = result["rows"]
     assert fly["setting"].startswith("on the fly") and pre["setting"].startswith("pretokenized")
     for r in (fly, pre):
@@ -138,15 +153,28 @@ def test_pretokenized_corpus_next_to_tokenizing_on_the_fly(tmp_path):
 def test_tokenize_throughput_against_datasets_map(tmp_path):
     data = _small_jsonl(tmp_path / "data")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "tokenize_throughput.py"), "--json",
-         "--dataset-path", str(data), "--workers", "1,2"],
-        cwd=tmp_path, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "tokenize_throughput.py"),
+            "--json",
+            "--dataset-path",
+            str(data),
+            "--workers",
+            "1,2",
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        capture_output=True,
+        text=True,
         timeout=600,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
     assert result["same_tokens"] is True
     methods = [(r["method"], r["workers"]) for r in result["rows"]]
-    assert methods == [("datasets.map(batched=True)", 1), ("scripts/tokenize_dataset.py", 1),
-                       ("scripts/tokenize_dataset.py", 2)]  # fmt: skip
+    assert methods == [
+        ("datasets.map(batched=True)", 1),
+        ("scripts/tokenize_dataset.py", 1),
+        ("scripts/tokenize_dataset.py", 2),
+    ]
     assert all(r["documents"] == 60 and r["seconds"] > 0 for r in result["rows"])

@@ -12,10 +12,25 @@ from torchtitan.checkpoint import scan
 
 @pytest.mark.slow
 def test_a_non_finite_step_stops_training_and_saves_nothing_after_it(tmp_path):
-    out = launch(tmp_path, "--optimizer.lr", "1e30", "--checkpoint.enable",
-                 "--checkpoint.interval", "1", "--training.steps", "6",
-                 "--training.seq_len", "64", "--training.local_batch_size", "2",
-                 "--training.global_batch_size", "4", "--metrics.log_freq", "1", ngpu=2)  # fmt: skip
+    out = launch(
+        tmp_path,
+        "--optimizer.lr",
+        "1e30",
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "1",
+        "--training.steps",
+        "6",
+        "--training.seq_len",
+        "64",
+        "--training.local_batch_size",
+        "2",
+        "--training.global_batch_size",
+        "4",
+        "--metrics.log_freq",
+        "1",
+        ngpu=2,
+    )
     assert out.returncode == 3, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     folder = tmp_path / "out" / "checkpoint"

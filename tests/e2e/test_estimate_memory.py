@@ -12,16 +12,29 @@ import pytest
 from launcher import train_env
 from repo_paths import ROOT
 
-RUN = ["--job.config_file", "train_configs/debug_model.toml", "--training.steps", "2",
-       "--metrics.enable_tensorboard", "false", "--training.local_batch_size", "8",
-       "--training.seq_len", "1024"]  # fmt: skip
+RUN = [
+    "--job.config_file",
+    "train_configs/debug_model.toml",
+    "--training.steps",
+    "2",
+    "--metrics.enable_tensorboard",
+    "false",
+    "--training.local_batch_size",
+    "8",
+    "--training.seq_len",
+    "1024",
+]
 
 
 def _estimate(tmp_path, *args: str) -> dict:
     out = subprocess.run(
         [sys.executable, "scripts/estimate_memory.py", "--json", *args],
-        cwd=ROOT, env=train_env(tmp_path), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=train_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
@@ -32,9 +45,19 @@ def _measure(tmp_path, *args: str) -> float:
     # activations in the heap: ~1 GiB more here, allocator behaviour rather than training memory).
     env = train_env(tmp_path, MALLOC_MMAP_THRESHOLD_="65536")
     out = subprocess.run(
-        [sys.executable, "tests/helpers/memory_worker.py", *args, "--job.dump_folder", str(tmp_path / "o")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "tests/helpers/memory_worker.py",
+            *args,
+            "--job.dump_folder",
+            str(tmp_path / "o"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_above_start_gib"]
 
@@ -70,16 +93,27 @@ def test_loss_chunks_drop_the_logits_from_the_estimate_and_the_measured_peak(tmp
     from sized_tokenizers import llama3_sized_tiktoken
 
     tokenizer = llama3_sized_tiktoken(tmp_path / "llama3_sized.model")
-    args = [*RUN, "--model.tokenizer_path", str(tokenizer), "--training.local_batch_size", "2",
-            "--training.seq_len", "512", "--activation_checkpoint.mode", "full"]  # fmt: skip
+    args = [
+        *RUN,
+        "--model.tokenizer_path",
+        str(tokenizer),
+        "--training.local_batch_size",
+        "2",
+        "--training.seq_len",
+        "512",
+        "--activation_checkpoint.mode",
+        "full",
+    ]
     logits_gib = 2 * 512 * 128_256 * 4 / 1024**3
     peaks = {}
     for chunks in ("0", "8"):
         run = [*args, "--training.loss_chunks", chunks]
         estimate = _estimate(tmp_path, "--device-type", "cpu", "--world-size", "1", *run)
         measured = _measure(tmp_path, *run)
-        print(f"\nloss_chunks {chunks}: estimated {estimate['peak_gib']:.3f} GiB, "
-              f"measured {measured:.3f} GiB")  # fmt: skip
+        print(
+            f"\nloss_chunks {chunks}: estimated {estimate['peak_gib']:.3f} GiB, "
+            f"measured {measured:.3f} GiB"
+        )
         assert abs(measured - estimate["peak_gib"]) <= 0.1 * measured + 0.1, (chunks, measured)
         peaks[chunks] = (estimate["peak_gib"], measured)
     assert peaks["0"][0] - peaks["8"][0] >= 1.5 * logits_gib, peaks
@@ -137,9 +171,19 @@ def test_sharded_state_matches_the_formula_and_layouts_shrink_the_peak(tmp_path)
 # width, dim). Llama 4's interleaved flavor mixes dense and MoE layers and has a shared expert.
 MOE = {
     "qwen3_moe": (["--job.config_file", "train_configs/qwen3_moe_debug.toml"], 4, 8, 256, 256),
-    "llama4": (["--job.config_file", "train_configs/llama4_debug.toml",
-                "--model.flavor", "debugmodel_interleaved"], 2, 8, 256, 256),
-}  # fmt: skip
+    "llama4": (
+        [
+            "--job.config_file",
+            "train_configs/llama4_debug.toml",
+            "--model.flavor",
+            "debugmodel_interleaved",
+        ],
+        2,
+        8,
+        256,
+        256,
+    ),
+}
 # a tiny batch: the gathered parameters, not the activations, decide the peak
 TINY = ["--world-size", "4", "--training.local_batch_size", "1", "--training.seq_len", "64"]
 _ESTIMATES: dict[tuple[str, ...], dict] = {}
@@ -163,8 +207,9 @@ def test_moe_state_under_expert_parallel_is_the_local_shards(tmp_path_factory, f
     experts over ep x efsdp and the rest over dp_shard, in float32; the trace runs through the
     all-to-all dispatch with balanced routing and says so."""
     ep, dp_shard = 2, 4
-    e = _estimate_once(tmp_path_factory, *TINY, *MOE[family][0],
-                       "--parallelism.expert_parallel_degree", str(ep))  # fmt: skip
+    e = _estimate_once(
+        tmp_path_factory, *TINY, *MOE[family][0], "--parallelism.expert_parallel_degree", str(ep)
+    )
     assert e["layout"] == f"dp_replicate=1 dp_shard={dp_shard} cp=1 tp=1 pp=1 ep={ep}"
     experts = _routed_expert_params(family)
     dense = e["parameters_total"] - experts
@@ -229,20 +274,41 @@ def test_an_uneven_split_of_the_experts_is_named(world, ep, share):
 
 
 def test_a_missing_tokenizer_falls_back_to_the_published_vocabulary(tmp_path):
-    e = _estimate(tmp_path, "--world-size", "8", "--job.config_file", "train_configs/llama3_8b.toml",
-                  "--model.tokenizer_path", str(tmp_path / "absent.model"),
-                  "--model.flavor", "8B", "--training.seq_len", "2048")  # fmt: skip
+    e = _estimate(
+        tmp_path,
+        "--world-size",
+        "8",
+        "--job.config_file",
+        "train_configs/llama3_8b.toml",
+        "--model.tokenizer_path",
+        str(tmp_path / "absent.model"),
+        "--model.flavor",
+        "8B",
+        "--training.seq_len",
+        "2048",
+    )
     assert e["parameters_total"] == 8_030_261_248  # Llama 3.1 8B, vocab 128256
     assert 10 < e["peak_gib"] < 80
 
 
 def test_bad_input_is_one_line(tmp_path):
     out = subprocess.run(
-        [sys.executable, "scripts/estimate_memory.py", "--world-size", "3",
-         "--job.config_file", "train_configs/debug_model.toml",
-         "--parallelism.tensor_parallel_degree", "2"],
-        cwd=ROOT, env=train_env(tmp_path), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "scripts/estimate_memory.py",
+            "--world-size",
+            "3",
+            "--job.config_file",
+            "train_configs/debug_model.toml",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+        ],
+        cwd=ROOT,
+        env=train_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().startswith(
         "error: command line: --parallelism.tensor_parallel_degree: 2 does not divide the world "

@@ -32,14 +32,20 @@ from torchtitan.quantization.float8 import cpu_float8_matmul_works
 
 STEPS = 6
 COMMON = [
-    "--model.n_layers", "1",
-    "--training.seq_len", "64",
-    "--training.global_batch_size", "2",
-    "--lr_scheduler.warmup_steps", "2",
-    "--metrics.log_freq", "1",
-    "--debug.seed", "42",
+    "--model.n_layers",
+    "1",
+    "--training.seq_len",
+    "64",
+    "--training.global_batch_size",
+    "2",
+    "--lr_scheduler.warmup_steps",
+    "2",
+    "--metrics.log_freq",
+    "1",
+    "--debug.seed",
+    "42",
     "--debug.deterministic",
-]  # fmt: skip
+]
 FLOAT8 = ["--model.converters", "float8"]
 
 pytestmark = [
@@ -100,9 +106,10 @@ def test_fsdp_float8_all_gather_matches_one_process(tmp_path, float8_one_process
         *FLOAT8,
         "--float8.enable_fsdp_float8_all_gather",
         "--float8.precompute_float8_dynamic_scale_for_fsdp",
-        "--training.local_batch_size", "1",
+        "--training.local_batch_size",
+        "1",
         ngpu=2,
-    )  # fmt: skip
+    )
     gaps = [abs(losses[s] - float8_one_process[s]) for s in losses]
     print(f"\nFSDP-2 float8 all-gather vs 1 process: step 1 gap {gaps[0]:.2e}, max {max(gaps):.2e}")
     assert "Float8 training (tensorwise scaling) on 5 linear layers" in log

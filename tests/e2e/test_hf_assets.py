@@ -40,10 +40,21 @@ def test_generate_from_a_folder_without_tokenizer_flag(hf_folder):
     import torch
 
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "generate.py"), "--checkpoint",
-         str(hf_folder), "--prompt", "def main(", "--max_new_tokens", "12", "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "generate.py"),
+            "--checkpoint",
+            str(hf_folder),
+            "--prompt",
+            "def main(",
+            "--max_new_tokens",
+            "12",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads(out.stdout.splitlines()[-1])
 
@@ -53,8 +64,14 @@ def test_generate_from_a_folder_without_tokenizer_flag(hf_folder):
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_folder)).eval()
     prompt = torch.tensor([result["prompt_ids"]])
     with torch.no_grad():
-        generated = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
-                                do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        generated = hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     expected = generated[0, prompt.shape[1] :].tolist()
     assert result["output_ids"] and result["output_ids"] == expected[: len(result["output_ids"])]
 
@@ -70,12 +87,27 @@ def test_training_starts_from_a_hf_assets_folder(hf_folder, tmp_path):
 
     from torchtitan.checkpoint.hf_files import read_folder
 
-    out = launch(tmp_path, "--model.hf_assets_path", str(hf_folder),
-                 "--checkpoint.enable", "--checkpoint.initial_load_in_hf",
-                 "--checkpoint.last_save_in_hf", "--training.steps", "1",
-                 "--training.seq_len", "64", "--training.local_batch_size", "2",
-                 "--optimizer.lr", "1e-30", "--optimizer.weight_decay", "0",
-                 "--debug.seed", "42", timeout=600)  # fmt: skip
+    out = launch(
+        tmp_path,
+        "--model.hf_assets_path",
+        str(hf_folder),
+        "--checkpoint.enable",
+        "--checkpoint.initial_load_in_hf",
+        "--checkpoint.last_save_in_hf",
+        "--training.steps",
+        "1",
+        "--training.seq_len",
+        "64",
+        "--training.local_batch_size",
+        "2",
+        "--optimizer.lr",
+        "1e-30",
+        "--optimizer.weight_decay",
+        "0",
+        "--debug.seed",
+        "42",
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"Loaded Hugging Face weights from {hf_folder}" in out.stdout
     assert "vocab 1000" in out.stdout

@@ -21,8 +21,19 @@ transformers = pytest.importorskip("transformers")
 
 
 def _launch(tmp_path, ngpu, *args):
-    out = launch(tmp_path, "--training.seq_len", "64", "--training.global_batch_size", "8",
-                 "--debug.seed", "42", "--checkpoint.enable", *args, ngpu=ngpu, timeout=900)  # fmt: skip
+    out = launch(
+        tmp_path,
+        "--training.seq_len",
+        "64",
+        "--training.global_batch_size",
+        "8",
+        "--debug.seed",
+        "42",
+        "--checkpoint.enable",
+        *args,
+        ngpu=ngpu,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
@@ -31,8 +42,17 @@ def _launch(tmp_path, ngpu, *args):
 def trained(tmp_path_factory):
     """FSDP 2 trains the debug model 4 steps: DCP step-4 and its export step-4-hf."""
     first = tmp_path_factory.mktemp("first")
-    _launch(first, 2, "--training.steps", "4", "--training.local_batch_size", "4",
-            "--checkpoint.interval", "4", "--checkpoint.last_save_in_hf")  # fmt: skip
+    _launch(
+        first,
+        2,
+        "--training.steps",
+        "4",
+        "--training.local_batch_size",
+        "4",
+        "--checkpoint.interval",
+        "4",
+        "--checkpoint.last_save_in_hf",
+    )
     return first / "out" / "checkpoint"
 
 
@@ -58,12 +78,26 @@ def test_export_after_training_and_import_into_another_layout(tmp_path, trained)
 
     second = tmp_path / "second"
     second.mkdir()
-    out = _launch(second, 2, "--training.steps", "1", "--training.local_batch_size", "8",
-                  "--parallelism.pipeline_parallel_degree", "2",
-                  "--parallelism.pipeline_parallel_microbatch_size", "4",
-                  "--optimizer.lr", "1e-30", "--optimizer.weight_decay", "0",
-                  "--checkpoint.initial_load_path", str(export), "--checkpoint.initial_load_in_hf",
-                  "--checkpoint.last_save_in_hf")  # fmt: skip
+    out = _launch(
+        second,
+        2,
+        "--training.steps",
+        "1",
+        "--training.local_batch_size",
+        "8",
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--parallelism.pipeline_parallel_microbatch_size",
+        "4",
+        "--optimizer.lr",
+        "1e-30",
+        "--optimizer.weight_decay",
+        "0",
+        "--checkpoint.initial_load_path",
+        str(export),
+        "--checkpoint.initial_load_in_hf",
+        "--checkpoint.last_save_in_hf",
+    )
     assert f"Loaded Hugging Face weights from {export}" in out.stdout
     again = read_folder(str(second / "out" / "checkpoint" / "step-1-hf"))
     original = read_folder(str(export))
@@ -76,8 +110,12 @@ def _script(name: str, *args: str) -> str:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args],
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return out.stdout
 
@@ -87,8 +125,15 @@ def test_conversion_scripts_agree_with_each_other(tmp_path, trained):
     from torchtitan.checkpoint import read_model_weights
 
     weights = read_model_weights(str(trained / "step-4"))
-    _script("convert_dcp_to_hf.py", str(trained / "step-4"), str(tmp_path / "hf"),
-            "--flavor", "debugmodel", "--max_shard_gb", "0.005")  # fmt: skip
+    _script(
+        "convert_dcp_to_hf.py",
+        str(trained / "step-4"),
+        str(tmp_path / "hf"),
+        "--flavor",
+        "debugmodel",
+        "--max_shard_gb",
+        "0.005",
+    )
     assert (tmp_path / "hf" / "model.safetensors.index.json").exists()  # sharded: 5 MB shards
     exported = read_folder(str(trained / "step-4-hf"))
     converted = read_folder(str(tmp_path / "hf"))
@@ -117,7 +162,7 @@ def test_greedy_generation_equals_transformers(trained):
             "--flavor",
             "debugmodel",
             *common,
-        ).splitlines()[-1]  # fmt: skip
+        ).splitlines()[-1]
     )
     assert from_dcp["output_ids"] == from_hf_export["output_ids"]
 
@@ -127,8 +172,14 @@ def test_greedy_generation_equals_transformers(trained):
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(trained / "step-4-hf")).eval()
     prompt = torch.tensor([from_hf_export["prompt_ids"]])
     with torch.no_grad():
-        out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12,
-                          do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        out = hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     expected = out[0, prompt.shape[1] :].tolist()
     assert (
         from_hf_export["output_ids"]
@@ -140,8 +191,17 @@ def test_greedy_generation_equals_transformers(trained):
 def test_generate_samples_reproducibly_with_a_seed(trained):
     """generate.py's sampling options from the command line: the same seed gives the same
     tokens, another seed others, and top-k 1 gives the greedy tokens."""
-    common = ["--checkpoint", str(trained / "step-4-hf"), "--tokenizer", str(TIKTOKEN_PATH),
-              "--prompt", "def main(", "--max_new_tokens", "12", "--json"]  # fmt: skip
+    common = [
+        "--checkpoint",
+        str(trained / "step-4-hf"),
+        "--tokenizer",
+        str(TIKTOKEN_PATH),
+        "--prompt",
+        "def main(",
+        "--max_new_tokens",
+        "12",
+        "--json",
+    ]
 
     def generate(*options: str) -> dict:
         return json.loads(_script("generate.py", *common, *options).splitlines()[-1])

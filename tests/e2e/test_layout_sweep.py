@@ -36,11 +36,15 @@ STEPS, GLOBAL_BATCH = 4, 8
 # the equivalence suites' settings (parameter groups with their own learning rates included),
 # for 4 steps
 COMMON = [
-    *EQUIVALENCE_ARGS, "--training.steps", str(STEPS),  # the last value given wins
+    *EQUIVALENCE_ARGS,
+    "--training.steps",
+    str(STEPS),  # the last value given wins
     # a case that fails on some ranks only ends in a minute, not ten
-    "--comm.init_timeout_seconds", "60",
-    "--comm.train_timeout_seconds", "60",
-]  # fmt: skip
+    "--comm.init_timeout_seconds",
+    "60",
+    "--comm.train_timeout_seconds",
+    "60",
+]
 MODELS = {"llama3": "debug_model.toml", "llama4": "llama4_debug.toml"}  # dense, mixture of experts
 WORLDS = (2, 4)
 DEGREES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")

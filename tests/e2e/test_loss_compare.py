@@ -22,8 +22,9 @@ def _run(dump: Path, losses: dict[int, float], name: str = "20260101-000000") ->
 
 
 def _compare(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120
+    )
 
 
 BASE = {1: 8.25, 2: 7.5, 3: 7.0}

@@ -34,23 +34,38 @@ def _corpus(folder: Path, steps: int, spikes: set[int]) -> Path:
 
 def _args(corpus: Path, steps: int) -> list[str]:
     return [
-        "--training.dataset_path", str(corpus),
-        "--training.shuffle", "false",
-        "--training.steps", str(steps),
-        "--training.seq_len", str(SEQ_LEN),
-        "--training.global_batch_size", str(BATCH),
-        "--training.local_batch_size", "2",
-        "--metrics.log_freq", "1",
-        "--debug.seed", "42",
+        "--training.dataset_path",
+        str(corpus),
+        "--training.shuffle",
+        "false",
+        "--training.steps",
+        str(steps),
+        "--training.seq_len",
+        str(SEQ_LEN),
+        "--training.global_batch_size",
+        str(BATCH),
+        "--training.local_batch_size",
+        "2",
+        "--metrics.log_freq",
+        "1",
+        "--debug.seed",
+        "42",
         "--debug.deterministic",
-        "--resilience.loss_spike_zscore", "4",
-        "--resilience.loss_spike_warmup_steps", "8",
-        "--resilience.loss_spike_window", "8",
-        "--checkpoint.enable", "true",
-        "--checkpoint.interval", "1",
-        "--checkpoint.keep_latest_k", "3",
-        "--checkpoint.every_save_model_only", "true",  # weights only: small, compared below
-    ]  # fmt: skip
+        "--resilience.loss_spike_zscore",
+        "4",
+        "--resilience.loss_spike_warmup_steps",
+        "8",
+        "--resilience.loss_spike_window",
+        "8",
+        "--checkpoint.enable",
+        "true",
+        "--checkpoint.interval",
+        "1",
+        "--checkpoint.keep_latest_k",
+        "3",
+        "--checkpoint.every_save_model_only",
+        "true",  # weights only: small, compared below
+    ]
 
 
 def _spike_lines(output: str) -> list[str]:

@@ -13,9 +13,19 @@ from launcher import launch
 
 from torchtitan.observability.tb_events import read_scalars
 
-SHORT = ["--training.steps", "3", "--training.seq_len", "64", "--training.local_batch_size", "2",
-         "--training.global_batch_size", "4", "--metrics.log_freq", "1",
-         "--metrics.enable_tensorboard"]  # fmt: skip
+SHORT = [
+    "--training.steps",
+    "3",
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "2",
+    "--training.global_batch_size",
+    "4",
+    "--metrics.log_freq",
+    "1",
+    "--metrics.enable_tensorboard",
+]
 
 
 def _wandb_records(path: Path):

@@ -45,9 +45,14 @@ def _batch(n: int) -> list[str]:
     return ["--training.local_batch_size", str(n)]
 
 
-PP2 = ["--parallelism.pipeline_parallel_degree", "2",
-       "--parallelism.pipeline_parallel_schedule", "1F1B",
-       "--parallelism.pipeline_parallel_microbatch_size", "2"]  # fmt: skip
+PP2 = [
+    "--parallelism.pipeline_parallel_degree",
+    "2",
+    "--parallelism.pipeline_parallel_schedule",
+    "1F1B",
+    "--parallelism.pipeline_parallel_microbatch_size",
+    "2",
+]
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 # id -> (family, processes, arguments); local batch sizes keep the global batch at 8 sequences
 LAYOUTS = {
@@ -56,8 +61,11 @@ LAYOUTS = {
     # experts over 2 EP ranks x 2 FSDP ranks (efsdp), the rest FSDP over all 4
     "llama4_ep2_fsdp2": ("llama4", 4, [*_ep(2), *_batch(2)]),
     # experts sharded on dim 0 over EP and on their hidden dim over TP (a 2-D mesh)
-    "llama4_ep2_tp2": ("llama4", 4, [*_ep(2), *TP2, "--parallelism.expert_tensor_parallel_degree",
-                                     "2", *_batch(4)]),
+    "llama4_ep2_tp2": (
+        "llama4",
+        4,
+        [*_ep(2), *TP2, "--parallelism.expert_tensor_parallel_degree", "2", *_batch(4)],
+    ),
     # upstream's default expert_tensor_parallel_degree 1: whole experts, EP over the TP ranks
     # (each TP rank sends its share of the routed rows); with no FSDP anywhere, and with the
     # experts' FSDP over the two data-parallel ranks
@@ -69,13 +77,16 @@ LAYOUTS = {
     # whole experts, EP over the TP ranks of each pipeline stage
     "llama4_ep2_tp2_etp1_pp2": ("llama4", 4, [*_ep(2), *TP2, *PP2, *_batch(8)]),
     # EP over the two context-parallel ranks (they hold different tokens of each sequence)
-    "llama4_ep2_cp2": ("llama4", 2, [*_ep(2), "--parallelism.context_parallel_degree", "2",
-                                     *_batch(8)]),
+    "llama4_ep2_cp2": (
+        "llama4",
+        2,
+        [*_ep(2), "--parallelism.context_parallel_degree", "2", *_batch(8)],
+    ),
     # the all-to-alls are graph breaks; the rest of each block is compiled
     "llama4_ep2_compile": ("llama4", 2, [*_ep(2), "--compile.enable", *_batch(4)]),
     "qwen3_moe_ep2": ("qwen3_moe", 2, [*_ep(2), *_batch(4)]),
     "qwen3_moe_fsdp2": ("qwen3_moe", 2, _batch(4)),
-}  # fmt: skip
+}
 
 
 def _run(
@@ -85,8 +96,9 @@ def _run(
     the first's step-4 checkpoint)."""
     with pytest.MonkeyPatch.context() as env:  # the launcher reads the config from CONFIG_FILE
         env.setenv("CONFIG_FILE", str(ROOT / "train_configs" / CONFIGS[family]))
-        out = launch(tmp_path, *COMMON, "--training.steps", str(steps), *extra, ngpu=ngpu,
-                     timeout=900)  # fmt: skip
+        out = launch(
+            tmp_path, *COMMON, "--training.steps", str(steps), *extra, ngpu=ngpu, timeout=900
+        )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"Model {family} debugmodel" in out.stdout, out.stdout[-3000:]
     assert "moe: load max/mean" in out.stdout
@@ -115,9 +127,18 @@ def baselines(tmp_path_factory) -> dict[str, dict[int, float]]:
 # Llama 4 layouts that are plain degree combinations, which tests/e2e/test_layout_sweep.py trains
 # against one process in CI (4 steps, the same bar: every EP, ETP, TP, PP, CP and FSDP
 # combination on 2 and 4 processes). CI keeps compile and Qwen3-MoE here.
-EXTENDED_LAYOUTS = ["llama4_ep4", "llama4_ep2_tp2_etp1", "llama4_ep2_tp2_etp1_pp2",
-                    "llama4_ep2", "llama4_ep2_fsdp2", "llama4_ep2_tp2", "llama4_ep2_tp2_etp1_fsdp2",
-                    "llama4_ep4_tp2_etp1", "llama4_ep2_pp2", "llama4_ep2_cp2"]  # fmt: skip
+EXTENDED_LAYOUTS = [
+    "llama4_ep4",
+    "llama4_ep2_tp2_etp1",
+    "llama4_ep2_tp2_etp1_pp2",
+    "llama4_ep2",
+    "llama4_ep2_fsdp2",
+    "llama4_ep2_tp2",
+    "llama4_ep2_tp2_etp1_fsdp2",
+    "llama4_ep4_tp2_etp1",
+    "llama4_ep2_pp2",
+    "llama4_ep2_cp2",
+]
 
 
 @pytest.mark.slow
@@ -224,8 +245,10 @@ def test_muon_state_of_the_experts_resumes_under_another_expert_parallel_degree(
     straight = _run(tmp_path / "straight", "llama4", 2, [*_ep(2), *_batch(4), *args])
     _stopped_after_step_4(tmp_path / "straight", tmp_path / "other")
     other = _run(tmp_path / "other", "llama4", 4, [*_ep(4), *_batch(2), *args], resumes=True)
-    print("\nEP 2 -> EP 4 muon |diff| by step:",
-          [f"{abs(other[s] - straight[s]):.1e}" for s in range(1, STEPS + 1)])  # fmt: skip
+    print(
+        "\nEP 2 -> EP 4 muon |diff| by step:",
+        [f"{abs(other[s] - straight[s]):.1e}" for s in range(1, STEPS + 1)],
+    )
     for step in range(1, STEPS + 1):
         bar = 1e-5 if step <= 5 else 5e-3
         assert abs(other[step] - straight[step]) <= bar, (step, other, straight)
@@ -262,13 +285,25 @@ def test_gradients_under_tensor_parallel_are_the_one_process_gradients(
     from launcher import train_env
     from repo_paths import HELPERS
 
-    env = train_env(tmp_path, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
-                    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))  # fmt: skip
+    env = train_env(
+        tmp_path,
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+    )
     # compiled: cold, then warm (the warm run is where Llama 4 failed)
     for _ in range(2 if compiled else 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-               "2", str(HELPERS / "moe_tp_worker.py"), *families,
-               *(["--compiled-blocks"] if compiled else [])]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(HELPERS / "moe_tp_worker.py"),
+            *families,
+            *(["--compiled-blocks"] if compiled else []),
+        ]
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         results = [
@@ -321,9 +356,22 @@ def test_the_expert_bias_keeps_the_load_balanced_on_the_debug_data(tmp_path):
         folder = tmp_path / coeff
         with pytest.MonkeyPatch.context() as env:
             env.setenv("CONFIG_FILE", str(ROOT / "train_configs" / CONFIGS["llama4"]))
-            out = launch(folder, "--training.steps", "30", "--training.seq_len", "64",
-                         "--training.local_batch_size", "8", "--metrics.log_freq", "1",
-                         "--debug.seed", "42", "--moe.load_balance_coeff", coeff, timeout=900)  # fmt: skip
+            out = launch(
+                folder,
+                "--training.steps",
+                "30",
+                "--training.seq_len",
+                "64",
+                "--training.local_batch_size",
+                "8",
+                "--metrics.log_freq",
+                "1",
+                "--debug.seed",
+                "42",
+                "--moe.load_balance_coeff",
+                coeff,
+                timeout=900,
+            )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         load = tensorboard_scalars_all_runs(folder / "out", "moe/load_max_over_mean")
         ratios[coeff] = sum(load[s] for s in range(21, 31)) / 10

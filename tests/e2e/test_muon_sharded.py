@@ -16,8 +16,15 @@ from repo_paths import HELPERS, ROOT
 @pytest.mark.slow
 def test_split_updates_are_orthogonalized_as_the_whole_and_own_experts_stay_local(tmp_path):
     """Also ``orthogonalize_all``: matrices split by rows are shared out, one rank each."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-           str(HELPERS / "muon_worker.py")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(HELPERS / "muon_worker.py"),
+    ]
     env = train_env(tmp_path, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -149,10 +149,20 @@ def test_fused_rmsnorm_refused_on_cpu():
         plan_job(cfg, world_size=1)
     assert str(e.value) == expected
     out = subprocess.run(
-        [sys.executable, "-m", "torchtitan.preflight", "--job.config_file", DEBUG_TOML,
-         "--model.norm_type", "fused_rmsnorm"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torchtitan.preflight",
+            "--job.config_file",
+            DEBUG_TOML,
+            "--model.norm_type",
+            "fused_rmsnorm",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [f"error: {expected}"], out.stderr
 
@@ -209,8 +219,15 @@ def test_fused_and_compiled_under_tensor_parallel():
     blocks, matches one process with rmsnorm: logits and every gradient, norm weights included
     (whose gradients have the same placements as with rmsnorm)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(HELPERS / "norms_tp_worker.py"), "--compiled-blocks"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(HELPERS / "norms_tp_worker.py"),
+        "--compiled-blocks",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     results = [line.split() for line in out.stdout.splitlines() if line.startswith("RESULT ")]
@@ -228,9 +245,21 @@ def test_fused_and_compiled_under_tensor_parallel():
 
 
 def test_benchmark_script_json():
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "rmsnorm.py"), "--shapes", "16x96",
-           "--dtypes", "float32,bfloat16", "--impls", "rmsnorm", "--device", "cpu",
-           "--min-run-time", "0.01", "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "rmsnorm.py"),
+        "--shapes",
+        "16x96",
+        "--dtypes",
+        "float32,bfloat16",
+        "--impls",
+        "rmsnorm",
+        "--device",
+        "cpu",
+        "--min-run-time",
+        "0.01",
+        "--json",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]

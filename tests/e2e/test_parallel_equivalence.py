@@ -22,71 +22,200 @@ STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
 
 # id -> (processes, extra arguments); local batch sizes keep the global batch at 8 sequences
 LAYOUTS = {
-    "ddp2": (2, ["--parallelism.data_parallel_replicate_degree", "2",
-                 "--training.local_batch_size", "4"]),
+    "ddp2": (
+        2,
+        ["--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "4"],
+    ),
     "fsdp2": (2, ["--training.local_batch_size", "4"]),
-    "hsdp2x2": (4, ["--parallelism.data_parallel_replicate_degree", "2",
-                    "--training.local_batch_size", "2"]),
+    "hsdp2x2": (
+        4,
+        ["--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2"],
+    ),
     "tp2": (2, ["--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "8"]),
-    "pp2_gpipe": (2, ["--parallelism.pipeline_parallel_degree", "2",
-                      "--parallelism.pipeline_parallel_schedule", "GPipe",
-                      "--parallelism.pipeline_parallel_microbatch_size", "2",
-                      "--training.local_batch_size", "8"]),
-    "pp2_1f1b": (2, ["--parallelism.pipeline_parallel_degree", "2",
-                     "--parallelism.pipeline_parallel_schedule", "1F1B",
-                     "--parallelism.pipeline_parallel_microbatch_size", "2",
-                     "--training.local_batch_size", "8"]),
-    "pp2_interleaved": (2, ["--parallelism.pipeline_parallel_degree", "2",
-                            "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
-                            "--parallelism.pipeline_parallel_microbatch_size", "2",
-                            "--training.local_batch_size", "8"]),
-    "fsdp2_tp2": (4, ["--parallelism.tensor_parallel_degree", "2",
-                      "--training.local_batch_size", "4"]),
-    "pp2_fsdp2": (4, ["--parallelism.pipeline_parallel_degree", "2",
-                      "--parallelism.pipeline_parallel_microbatch_size", "2",
-                      "--training.local_batch_size", "4"]),
-    "pp2_tp2": (4, ["--parallelism.pipeline_parallel_degree", "2",
-                    "--parallelism.tensor_parallel_degree", "2",
-                    "--parallelism.pipeline_parallel_microbatch_size", "2",
-                    "--training.local_batch_size", "8"]),
+    "pp2_gpipe": (
+        2,
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "GPipe",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
+    "pp2_1f1b": (
+        2,
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "1F1B",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
+    "pp2_interleaved": (
+        2,
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "Interleaved1F1B",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
+    "fsdp2_tp2": (
+        4,
+        ["--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "4"],
+    ),
+    "pp2_fsdp2": (
+        4,
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--training.local_batch_size",
+            "4",
+        ],
+    ),
+    "pp2_tp2": (
+        4,
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
     "cp2": (2, ["--parallelism.context_parallel_degree", "2", "--training.local_batch_size", "8"]),
-    "fsdp2_cp2_ac_op": (4, ["--parallelism.context_parallel_degree", "2",
-                            "--activation_checkpoint.mode", "selective",
-                            "--activation_checkpoint.selective_ac_option", "op",
-                            "--training.local_batch_size", "4"]),
-    "ddp2_cp2": (4, ["--parallelism.data_parallel_replicate_degree", "2",
-                     "--parallelism.context_parallel_degree", "2",
-                     "--training.local_batch_size", "4"]),
-    "pp2_cp2": (4, ["--parallelism.pipeline_parallel_degree", "2",
-                    "--parallelism.context_parallel_degree", "2",
-                    "--parallelism.pipeline_parallel_microbatch_size", "2",
-                    "--training.local_batch_size", "8"]),
+    "fsdp2_cp2_ac_op": (
+        4,
+        [
+            "--parallelism.context_parallel_degree",
+            "2",
+            "--activation_checkpoint.mode",
+            "selective",
+            "--activation_checkpoint.selective_ac_option",
+            "op",
+            "--training.local_batch_size",
+            "4",
+        ],
+    ),
+    "ddp2_cp2": (
+        4,
+        [
+            "--parallelism.data_parallel_replicate_degree",
+            "2",
+            "--parallelism.context_parallel_degree",
+            "2",
+            "--training.local_batch_size",
+            "4",
+        ],
+    ),
+    "pp2_cp2": (
+        4,
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.context_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
     # also guards TP x compile: before the embedding output was materialized for compiled
     # blocks, FSDP x TP x compile lost the embedding gradient (steps 2+ off by up to 2.6e-3)
-    "cp2_tp2_compile": (4, ["--parallelism.context_parallel_degree", "2",
-                            "--parallelism.tensor_parallel_degree", "2", "--compile.enable",
-                            "--training.local_batch_size", "8"]),
+    "cp2_tp2_compile": (
+        4,
+        [
+            "--parallelism.context_parallel_degree",
+            "2",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--compile.enable",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
     "ac_full": (1, ["--activation_checkpoint.mode", "full", "--training.local_batch_size", "8"]),
-    "ac_op": (1, ["--activation_checkpoint.mode", "selective",
-                  "--activation_checkpoint.selective_ac_option", "op",
-                  "--training.local_batch_size", "8"]),
-    "ac_every_2nd_layer": (1, ["--activation_checkpoint.mode", "selective",
-                               "--activation_checkpoint.selective_ac_option", "2",
-                               "--training.local_batch_size", "8"]),
+    "ac_op": (
+        1,
+        [
+            "--activation_checkpoint.mode",
+            "selective",
+            "--activation_checkpoint.selective_ac_option",
+            "op",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
+    "ac_every_2nd_layer": (
+        1,
+        [
+            "--activation_checkpoint.mode",
+            "selective",
+            "--activation_checkpoint.selective_ac_option",
+            "2",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
     "compile": (1, ["--compile.enable", "--training.local_batch_size", "8"]),
     # the output projection and loss in pieces of the sequence (training.loss_chunks): with
     # FSDP x vocab-parallel TP, on a pipeline's last stage, and compiled (model and loss)
-    "fsdp2_tp2_loss_chunks": (4, ["--parallelism.tensor_parallel_degree", "2",
-                                  "--training.loss_chunks", "4",
-                                  "--training.local_batch_size", "4"]),
-    "pp2_1f1b_loss_chunks": (2, ["--parallelism.pipeline_parallel_degree", "2",
-                                 "--parallelism.pipeline_parallel_schedule", "1F1B",
-                                 "--parallelism.pipeline_parallel_microbatch_size", "2",
-                                 "--training.loss_chunks", "3",
-                                 "--training.local_batch_size", "8"]),
-    "loss_chunks_compile": (1, ["--compile.enable", "--compile.components", "model,loss",
-                                "--training.loss_chunks", "4", "--training.local_batch_size", "8"]),
-}  # fmt: skip
+    "fsdp2_tp2_loss_chunks": (
+        4,
+        [
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--training.loss_chunks",
+            "4",
+            "--training.local_batch_size",
+            "4",
+        ],
+    ),
+    "pp2_1f1b_loss_chunks": (
+        2,
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "1F1B",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--training.loss_chunks",
+            "3",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
+    "loss_chunks_compile": (
+        1,
+        [
+            "--compile.enable",
+            "--compile.components",
+            "model,loss",
+            "--training.loss_chunks",
+            "4",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
+}
 
 
 # Layouts run once, with block-causal attention and each document's first token left unpredicted
@@ -104,17 +233,33 @@ del LAYOUTS["pp2_gpipe"], LAYOUTS["pp2_interleaved"], LAYOUTS["compile"]
 BLOCK_CAUSAL_LAYOUTS = {
     name: LAYOUTS.pop(name) for name in ("ddp2", "fsdp2", "tp2", "pp2_1f1b", "cp2", "ac_op")
 }
-BLOCK_CAUSAL_LAYOUTS["cp2_tp2"] = (4, ["--parallelism.context_parallel_degree", "2",
-                                       "--parallelism.tensor_parallel_degree", "2",
-                                       "--training.local_batch_size", "8"])  # fmt: skip
+BLOCK_CAUSAL_LAYOUTS["cp2_tp2"] = (
+    4,
+    [
+        "--parallelism.context_parallel_degree",
+        "2",
+        "--parallelism.tensor_parallel_degree",
+        "2",
+        "--training.local_batch_size",
+        "8",
+    ],
+)
 # Outside CI's time budget (pytest --extended): layouts whose every part a CI layout also runs.
 # cp2_tp2_compile (the slowest, ~90 s) is left to the extended tier; compiled blocks stay in CI
 # through loss_chunks_compile and the compiled tests of test_moe_parallel.py and
 # test_qwen3_parallel.py.
 # hsdp2x2, fsdp2_tp2, pp2_fsdp2, pp2_tp2 and pp2_cp2 are plain degree combinations, which
 # tests/e2e/test_layout_sweep.py trains against one process in CI with every other one.
-EXTENDED_LAYOUTS = ["fsdp2_cp2_ac_op", "ddp2_cp2", "cp2_tp2_compile",
-                    "hsdp2x2", "fsdp2_tp2", "pp2_fsdp2", "pp2_tp2", "pp2_cp2"]  # fmt: skip
+EXTENDED_LAYOUTS = [
+    "fsdp2_cp2_ac_op",
+    "ddp2_cp2",
+    "cp2_tp2_compile",
+    "hsdp2x2",
+    "fsdp2_tp2",
+    "pp2_fsdp2",
+    "pp2_tp2",
+    "pp2_cp2",
+]
 
 
 def _run(tmp_path, ngpu: int, extra: list[str]) -> tuple[dict[int, float], str]:

@@ -25,15 +25,22 @@ from torchtitan.checkpoint.folder import read_marker
 
 STEPS = 16
 ARGS = [
-    "--training.steps", str(STEPS),
-    "--training.seq_len", "64",
-    "--training.local_batch_size", "2",
-    "--metrics.log_freq", "1",
-    "--debug.seed", "42",
+    "--training.steps",
+    str(STEPS),
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "2",
+    "--metrics.log_freq",
+    "1",
+    "--debug.seed",
+    "42",
     "--debug.deterministic",
-    "--checkpoint.enable", "true",
-    "--checkpoint.interval", "1000",  # only the preemption's save and the last step's
-]  # fmt: skip
+    "--checkpoint.enable",
+    "true",
+    "--checkpoint.interval",
+    "1000",  # only the preemption's save and the last step's
+]
 
 
 def _signal_mid_run(

@@ -11,11 +11,24 @@ from launcher import launch
 
 @pytest.mark.slow
 def test_traces_are_written_per_rank_on_the_schedule(tmp_path):
-    out = launch(tmp_path, "--training.steps", "4", "--training.seq_len", "64",
-                 "--training.local_batch_size", "2", "--training.global_batch_size", "4",
-                 "--profiling.enable_profiling", "--profiling.profile_freq", "2",
-                 "--profiling.profiler_warmup", "0", "--profiling.enable_memory_snapshot",
-                 ngpu=2)  # fmt: skip
+    out = launch(
+        tmp_path,
+        "--training.steps",
+        "4",
+        "--training.seq_len",
+        "64",
+        "--training.local_batch_size",
+        "2",
+        "--training.global_batch_size",
+        "4",
+        "--profiling.enable_profiling",
+        "--profiling.profile_freq",
+        "2",
+        "--profiling.profiler_warmup",
+        "0",
+        "--profiling.enable_memory_snapshot",
+        ngpu=2,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "CUDA memory snapshots need a GPU; none are written on this CPU run" in out.stdout
     traces = tmp_path / "out" / "profile_traces"

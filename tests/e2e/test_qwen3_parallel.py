@@ -34,15 +34,27 @@ LAYOUTS = {
     # qwen3_moe_fsdp2, and FSDP with TP below)
     "tp2": (2, ["--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "8"]),
     # pipeline parallel refuses tied embeddings: the untied debug flavor, against its own baseline
-    "pp2_1f1b_untied": (2, [*UNTIED, "--parallelism.pipeline_parallel_degree", "2",
-                            "--parallelism.pipeline_parallel_schedule", "1F1B",
-                            "--parallelism.pipeline_parallel_microbatch_size", "2",
-                            "--training.local_batch_size", "8"]),
+    "pp2_1f1b_untied": (
+        2,
+        [
+            *UNTIED,
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "1F1B",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+            "--training.local_batch_size",
+            "8",
+        ],
+    ),
     "cp2": (2, ["--parallelism.context_parallel_degree", "2", "--training.local_batch_size", "8"]),
     # every parameter, the QK norms' included, is a DTensor on the TP mesh when FSDP shards it
-    "fsdp2_tp2": (4, ["--parallelism.tensor_parallel_degree", "2",
-                      "--training.local_batch_size", "4"]),
-}  # fmt: skip
+    "fsdp2_tp2": (
+        4,
+        ["--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "4"],
+    ),
+}
 
 
 def _run(tmp_path, ngpu: int, extra: list[str]) -> dict[int, float]:
@@ -102,8 +114,17 @@ def test_qk_norm_gradients_under_tensor_parallel(tmp_path, norm_type):
     rank's norm weight would get the gradient of its own heads only: the worker checks that this
     is a visible difference, so the comparison would catch it."""
     result = tmp_path / "result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           __file__, norm_type, str(result)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        __file__,
+        norm_type,
+        str(result),
+    ]
     # this file runs as a script: the helpers it imports at the top come through PYTHONPATH
     pythonpath = os.pathsep.join([str(ROOT), str(HELPERS)])
     env = train_env(tmp_path, PYTHONPATH=pythonpath, OMP_NUM_THREADS="1")
@@ -126,15 +147,24 @@ def _tp_worker(norm_type: str, result: str) -> None:
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, distribute_tensor
+    from torchtitan.models.qwen3.parallelize import block_plan
 
     from torchtitan.distributed.tensor_parallel import apply_tp
     from torchtitan.models.qwen3.model import Qwen3Model, Qwen3ModelArgs
-    from torchtitan.models.qwen3.parallelize import block_plan
 
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    args = Qwen3ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, hidden_dim=96,
-                          vocab_size=96, max_seq_len=32, norm_type=norm_type)  # fmt: skip
+    args = Qwen3ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=24,
+        hidden_dim=96,
+        vocab_size=96,
+        max_seq_len=32,
+        norm_type=norm_type,
+    )
     torch.manual_seed(0)
     ref = Qwen3Model(args)
     ref.init_weights()

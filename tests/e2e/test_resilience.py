@@ -21,22 +21,41 @@ from launcher import kill_all, last_logged_step, train_env, worker_pids
 from repo_paths import ROOT
 
 ARGS = [
-    "--training.seq_len", "64",
-    "--training.local_batch_size", "2",
-    "--metrics.log_freq", "1",
-    "--checkpoint.enable", "false",
-]  # fmt: skip
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "2",
+    "--metrics.log_freq",
+    "1",
+    "--checkpoint.enable",
+    "false",
+]
 
 
 @pytest.mark.slow
 def test_a_stopped_rank_leaves_stacks_and_a_timeout(tmp_path):
     timeout_s = 12
     out = tmp_path / "out"
-    cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(out), *ARGS,
-           "--training.steps", "500", "--comm.train_timeout_seconds", str(timeout_s)]  # fmt: skip
+    cmd = [
+        str(ROOT / "run_llama_train.sh"),
+        "--job.dump_folder",
+        str(out),
+        *ARGS,
+        "--training.steps",
+        "500",
+        "--comm.train_timeout_seconds",
+        str(timeout_s),
+    ]
     env = train_env(tmp_path, NGPU="2")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     pids: list[int] = []
     try:
         deadline = time.time() + 300
@@ -57,15 +76,19 @@ def test_a_stopped_rank_leaves_stacks_and_a_timeout(tmp_path):
     # one line for the waiting rank, naming the collective and where the library called it
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, output[-3000:]
-    assert errors[0].startswith(f"error: rank 0: a collective timed out after {timeout_s}s "
-                                "waiting in "), errors  # fmt: skip
+    assert errors[0].startswith(
+        f"error: rank 0: a collective timed out after {timeout_s}s waiting in "
+    ), errors
     assert "(from torchtitan/" in errors[0] or "(from train.py" in errors[0], errors
     folder = errors[0].split("every waiting rank's stacks are in ")[-1].rstrip("/")
     assert (Path(folder) / "rank_0.txt").is_file(), errors
     assert "Traceback" not in output, output[-3000:]  # torchrun's report is replaced by the line
     # (a step before the stop may have been slow on a loaded machine: only those after count)
-    hung = [p for p in (out / "hangs").glob("step-*/rank_0.txt")
-            if int(p.parent.name.split("-")[1]) >= stopped_after]  # fmt: skip
+    hung = [
+        p
+        for p in (out / "hangs").glob("step-*/rank_0.txt")
+        if int(p.parent.name.split("-")[1]) >= stopped_after
+    ]
     assert len(hung) == 1, (hung, output[-3000:])
     step = int(hung[0].parent.name.split("-")[1])
     assert step <= stopped_after + 2, (step, stopped_after)

@@ -18,12 +18,17 @@ from launcher import kill_all, tensorboard_scalars, train_env, worker_pids
 from repo_paths import ROOT
 
 ARGS = [
-    "--training.steps", "2000",  # ended by the test once the report is seen
-    "--training.seq_len", "64",
-    "--training.local_batch_size", "2",
-    "--metrics.log_freq", "5",
-    "--checkpoint.enable", "false",
-]  # fmt: skip
+    "--training.steps",
+    "2000",  # ended by the test once the report is seen
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "2",
+    "--metrics.log_freq",
+    "5",
+    "--checkpoint.enable",
+    "false",
+]
 LINE_RE = re.compile(r"Straggler: rank (\d+) \((.+?)\) was busy .* in steps (\d+)-(\d+) ")
 HOGS = 6
 # a busy loop on CPU 1 that also ends by itself, should this test be killed before its cleanup
@@ -74,8 +79,14 @@ def test_a_rank_beside_a_cpu_hog_is_named(tmp_path):
     out = tmp_path / "out"
     cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(out), *ARGS]
     env = train_env(tmp_path, NGPU="2", OMP_NUM_THREADS="1")
-    launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    launcher = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     workers: list[int] = []
     hogs: list[subprocess.Popen] = []
     try:
@@ -87,8 +98,10 @@ def test_a_rank_beside_a_cpu_hog_is_named(tmp_path):
         _pin(ranks[1], 1)
         # each hog in a session of its own: with the scheduler's autogroups a session shares a
         # CPU fairly with the others, so HOGS of them leave rank 1 about 1/(HOGS + 1) of CPU 1
-        hogs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True)
-                for _ in range(HOGS)]  # fmt: skip
+        hogs = [
+            subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True)
+            for _ in range(HOGS)
+        ]
         hog_from = _last_step(_log_lines(out)) + 1  # later steps run beside the hogs
         deadline = time.time() + 90
         while not any(m[1] == "1" for m in _reports(out, hog_from)) and time.time() < deadline:

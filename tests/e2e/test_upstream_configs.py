@@ -15,22 +15,38 @@ from repo_paths import ROOT, SENTENCEPIECE_PATH, TOKENIZER, UPSTREAM
 
 SENTENCEPIECE = str(SENTENCEPIECE_PATH)
 DEBUG_SIZE = [
-    "--model.flavor", "debugmodel",
-    "--training.dataset", "python_docs",
-    "--training.steps", "3",
-    "--training.seq_len", "64",
-    "--lr_scheduler.warmup_steps", "1",
-    "--metrics.log_freq", "1",
-    "--debug.seed", "7",
-]  # fmt: skip
+    "--model.flavor",
+    "debugmodel",
+    "--training.dataset",
+    "python_docs",
+    "--training.steps",
+    "3",
+    "--training.seq_len",
+    "64",
+    "--lr_scheduler.warmup_steps",
+    "1",
+    "--metrics.log_freq",
+    "1",
+    "--debug.seed",
+    "7",
+]
 
 
 def _migrate(name: str, tmp_path: Path) -> Path:
     new = tmp_path / f"{name}.toml"
     out = subprocess.run(
-        [sys.executable, "scripts/migrate_config.py", str(UPSTREAM / f"{name}.toml"), "-o", str(new)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "scripts/migrate_config.py",
+            str(UPSTREAM / f"{name}.toml"),
+            "-o",
+            str(new),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert f"wrote {new}" in out.stderr
     return new
@@ -43,9 +59,12 @@ def _migrate(name: str, tmp_path: Path) -> Path:
         ("llama3_8b_2024", ["--model.tokenizer_path", TOKENIZER]),
         ("llama3_8b_2025_mid", ["--model.tokenizer_path", TOKENIZER]),
         ("llama3_8b_2025_late", ["--model.hf_assets_path=", "--model.tokenizer_path", TOKENIZER]),
-        ("llama2_7b_2024", ["--model.tokenizer_path", SENTENCEPIECE, "--model.norm_type", "rmsnorm"]),
+        (
+            "llama2_7b_2024",
+            ["--model.tokenizer_path", SENTENCEPIECE, "--model.norm_type", "rmsnorm"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_migrated_upstream_config_trains_the_debug_model(name, extra, tmp_path):
     new = _migrate(name, tmp_path)
     out = launch(tmp_path, "--job.config_file", str(new), *DEBUG_SIZE, *extra)
@@ -58,8 +77,9 @@ def test_migrated_upstream_config_trains_the_debug_model(name, extra, tmp_path):
 @pytest.mark.slow
 def test_old_file_trains_with_its_warnings_printed_once(tmp_path):
     old = UPSTREAM / "llama3_8b_2024.toml"
-    out = launch(tmp_path, "--job.config_file", str(old), *DEBUG_SIZE,
-                 "--model.tokenizer_path", TOKENIZER)  # fmt: skip
+    out = launch(
+        tmp_path, "--job.config_file", str(old), *DEBUG_SIZE, "--model.tokenizer_path", TOKENIZER
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     line = f"warning: {old}: training.batch_size: old name of training.local_batch_size"
     assert (out.stdout + out.stderr).count(line) == 1

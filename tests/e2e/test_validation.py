@@ -10,10 +10,25 @@ import math
 import pytest
 from launcher import launch, tensorboard_scalars
 
-COMMON = ["--training.steps", "4", "--training.seq_len", "64", "--training.global_batch_size", "4",
-          "--debug.seed", "42", "--debug.deterministic", "--metrics.enable_tensorboard",
-          "--validation.enable", "--validation.dataset", "python_docs", "--validation.freq", "2",
-          "--validation.steps", "3"]  # fmt: skip
+COMMON = [
+    "--training.steps",
+    "4",
+    "--training.seq_len",
+    "64",
+    "--training.global_batch_size",
+    "4",
+    "--debug.seed",
+    "42",
+    "--debug.deterministic",
+    "--metrics.enable_tensorboard",
+    "--validation.enable",
+    "--validation.dataset",
+    "python_docs",
+    "--validation.freq",
+    "2",
+    "--validation.steps",
+    "3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +48,19 @@ def one_process(tmp_path_factory) -> dict[int, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "layout",
-    [["--training.local_batch_size", "2"],  # FSDP 2: the same 4 sequences per batch, 2 per rank
-     ["--training.local_batch_size", "4", "--parallelism.pipeline_parallel_degree", "2",
-      "--parallelism.pipeline_parallel_microbatch_size", "2"]],
+    [
+        ["--training.local_batch_size", "2"],  # FSDP 2: the same 4 sequences per batch, 2 per rank
+        [
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_microbatch_size",
+            "2",
+        ],
+    ],
     ids=["fsdp2", "pp2"],
-)  # fmt: skip
+)
 def test_validation_loss_is_the_same_under_fsdp_and_pp(tmp_path, one_process, layout):
     out = launch(tmp_path, *COMMON, *layout, ngpu=2)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -55,9 +78,19 @@ def test_a_whole_dataset_pass_ends_together_on_every_rank(tmp_path):
     data = tmp_path / "val.jsonl"
     rows = [{"text": "the quick brown fox jumps over the lazy dog " * 12} for _ in range(5)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = launch(tmp_path, *COMMON, "--training.local_batch_size", "2", "--validation.steps",
-                 "-1", "--validation.dataset_path", str(data), "--validation.local_batch_size",
-                 "1", ngpu=2)  # fmt: skip
+    out = launch(
+        tmp_path,
+        *COMMON,
+        "--training.local_batch_size",
+        "2",
+        "--validation.steps",
+        "-1",
+        "--validation.dataset_path",
+        str(data),
+        "--validation.local_batch_size",
+        "1",
+        ngpu=2,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if "validation: step" in line]
     assert len(lines) == 2 and all("batches per rank" in line for line in lines), lines

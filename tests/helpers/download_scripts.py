@@ -29,10 +29,19 @@ def check_offline_download_is_one_line(script: str, repo: str, tmp_path: Path) -
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"), HF_TOKEN=SECRET)
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script),
-         "--repo_id", repo, "--local_dir", str(tmp_path / "out")],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "scripts" / script),
+            "--repo_id",
+            repo,
+            "--local_dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 1
     assert SECRET not in result.stdout + result.stderr
     assert "Traceback" not in result.stderr

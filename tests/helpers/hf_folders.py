@@ -82,12 +82,18 @@ def train_tokenizer_json(folder: Path, style: str, vocab_size: int = 1000) -> No
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": bos,
         # the form transformers writes: an AddedToken as a dict
-        "eos_token": {"__type": "AddedToken", "content": eos, "lstrip": False,
-                      "normalized": False, "rstrip": False, "single_word": False,
-                      "special": True},
+        "eos_token": {
+            "__type": "AddedToken",
+            "content": eos,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        },
         "clean_up_tokenization_spaces": False,
         "model_max_length": 2048,
-    }  # fmt: skip
+    }
     if pad:
         config["pad_token"] = pad
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))

@@ -14,34 +14,52 @@ from repo_paths import ROOT
 
 # A short FSDP-4 training that the launching tests run on one host and spread over two.
 FOUR_WORKER_ARGS = [
-    "--training.steps", "4",
-    "--training.seq_len", "64",
-    "--training.global_batch_size", "8",
-    "--training.local_batch_size", "2",
-    "--metrics.log_freq", "1",
-    "--debug.seed", "42",
+    "--training.steps",
+    "4",
+    "--training.seq_len",
+    "64",
+    "--training.global_batch_size",
+    "8",
+    "--training.local_batch_size",
+    "2",
+    "--metrics.log_freq",
+    "1",
+    "--debug.seed",
+    "42",
     "--debug.deterministic",
-]  # fmt: skip
+]
 # A longer run of the same job with checkpoints, that the preemption tests stop and resume: what it
 # saves is the preemption's save and the last step's.
-PREEMPT_ARGS = [*FOUR_WORKER_ARGS, "--training.steps=16", "--checkpoint.enable=true",
-                "--checkpoint.interval=1000"]  # fmt: skip
+PREEMPT_ARGS = [
+    *FOUR_WORKER_ARGS,
+    "--training.steps=16",
+    "--checkpoint.enable=true",
+    "--checkpoint.interval=1000",
+]
 # The equivalence proofs (tests/e2e/test_parallel_equivalence.py, test_qwen3_parallel.py): every
 # layout trains EQUIVALENCE_STEPS steps of a global batch of 8 sequences, seeded, deterministic.
 EQUIVALENCE_STEPS = 8
 # The optimizer has four parameter groups in every layout (decay or not, attention at half the
 # learning rate), which each parallelism must carry like the single process does.
 EQUIVALENCE_ARGS = [
-    "--training.steps", str(EQUIVALENCE_STEPS),
-    "--training.seq_len", "64",
-    "--training.global_batch_size", "8",
-    "--lr_scheduler.warmup_steps", "2",
-    "--metrics.log_freq", "1",
-    "--debug.seed", "42",
+    "--training.steps",
+    str(EQUIVALENCE_STEPS),
+    "--training.seq_len",
+    "64",
+    "--training.global_batch_size",
+    "8",
+    "--lr_scheduler.warmup_steps",
+    "2",
+    "--metrics.log_freq",
+    "1",
+    "--debug.seed",
+    "42",
     "--debug.deterministic",
-    "--optimizer.weight_decay_exempt", "norms,biases,embeddings,output",
-    "--optimizer.param_groups", '[{"match": "layers.*.attention*", "lr_multiplier": 0.5}]',
-]  # fmt: skip
+    "--optimizer.weight_decay_exempt",
+    "norms,biases,embeddings,output",
+    "--optimizer.param_groups",
+    '[{"match": "layers.*.attention*", "lr_multiplier": 0.5}]',
+]
 STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
 
@@ -57,9 +75,15 @@ def launch(
 def start(tmp_path: Path, *args: str, ngpu: int, **env: str) -> subprocess.Popen:
     """``launch`` in the background, in a session of its own, its output on one pipe."""
     cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=train_env(tmp_path, NGPU=str(ngpu), **env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=train_env(tmp_path, NGPU=str(ngpu), **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def last_logged_step(log: Path) -> int:

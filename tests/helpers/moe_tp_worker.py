@@ -65,8 +65,14 @@ def run(family: str, dims: ParallelDims, whole: bool, compiled: bool) -> None:
     block_plan = get_model_spec(family).block_plan or decoder_block_plan
     if whole:
         apply_ep(model, dims)
-    apply_tp(model, dims.sub("tp"), block_plan, loss_parallel=False,
-             compiled_blocks=compiled, experts_whole=whole)  # fmt: skip
+    apply_tp(
+        model,
+        dims.sub("tp"),
+        block_plan,
+        loss_parallel=False,
+        compiled_blocks=compiled,
+        experts_whole=whole,
+    )
     if compiled:
         for block in model.layers.values():
             block.compile(fullgraph=not whole)

@@ -61,8 +61,10 @@ def shared_out(world: int) -> None:
     placements[3], placements[6] = (S0,), (S1,)  # the stack (own experts), a column split
     dtypes = [torch.float32] * 9
     dtypes[4] = dtypes[7] = torch.bfloat16
-    wholes = [torch.randn(s, generator=torch.Generator().manual_seed(i)).to(d)
-              for i, (s, d) in enumerate(zip(shapes, dtypes))]  # fmt: skip
+    wholes = [
+        torch.randn(s, generator=torch.Generator().manual_seed(i)).to(d)
+        for i, (s, d) in enumerate(zip(shapes, dtypes))
+    ]
     splits = [distribute_tensor(w, mesh, p) for w, p in zip(wholes, placements)]
     with CommDebugMode() as comm:
         orthos = orthogonalize_all([(u, GROUP) for u in splits])

@@ -66,8 +66,11 @@ def hf_assets_folder(dest: Path, vocab_size: int, text_config_vocab: int | None 
     config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
     (dest / "tokenizer_config.json").write_text(json.dumps(config))
     if text_config_vocab is not None:
-        model = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
-                 "text_config": {"model_type": "llama4_text", "vocab_size": text_config_vocab},
-                 "vision_config": {"model_type": "llama4_vision_model"}}  # fmt: skip
+        model = {
+            "architectures": ["Llama4ForConditionalGeneration"],
+            "model_type": "llama4",
+            "text_config": {"model_type": "llama4_text", "vocab_size": text_config_vocab},
+            "vision_config": {"model_type": "llama4_vision_model"},
+        }
         (dest / "config.json").write_text(json.dumps(model))
     return dest

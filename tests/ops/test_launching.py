@@ -32,47 +32,96 @@ SCRIPT = str(ROOT / "run_llama_train.sh")
 def _dry_run(**env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not _is_launch_variable(k)}
     clean.update(env, DRY_RUN="1")
-    return subprocess.run([SCRIPT, "--training.steps", "3"], env=clean, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [SCRIPT, "--training.steps", "3"], env=clean, capture_output=True, text=True, timeout=60
+    )
 
 
 def _is_launch_variable(name: str) -> bool:
-    launch_vars = {"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK",
-                   "NGPU", "RDZV_ID", "SLURM_JOB_ID"}  # fmt: skip
+    launch_vars = {
+        "NNODES",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "NGPU",
+        "RDZV_ID",
+        "SLURM_JOB_ID",
+    }
     return name in launch_vars or name.startswith("PET_")
 
 
 @pytest.mark.parametrize(
     "env, resolved, flags",
     [
-        ({}, "launch: local: nnodes=1 node_rank=0 nproc_per_node=1 world_size=1",
-         ["--standalone", "--nnodes=1"]),
-        ({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "NGPU": "8"},
-         "launch: multi-node (NNODES): nnodes=2 node_rank=1 nproc_per_node=8 world_size=16 "
-         "rendezvous=c10d at 10.0.0.1:29500",
-         ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29500",
-          "--rdzv-conf=is_host=0", "--nproc-per-node=8"]),
+        (
+            {},
+            "launch: local: nnodes=1 node_rank=0 nproc_per_node=1 world_size=1",
+            ["--standalone", "--nnodes=1"],
+        ),
+        (
+            {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "NGPU": "8"},
+            "launch: multi-node (NNODES): nnodes=2 node_rank=1 nproc_per_node=8 world_size=16 "
+            "rendezvous=c10d at 10.0.0.1:29500",
+            [
+                "--nnodes=2",
+                "--rdzv-backend=c10d",
+                "--rdzv-endpoint=10.0.0.1:29500",
+                "--rdzv-conf=is_host=0",
+                "--nproc-per-node=8",
+            ],
+        ),
         # newer training operators: torchrun's own variables win over WORLD_SIZE (= processes)
-        ({"PET_NNODES": "4", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "job-master-0",
-          "PET_MASTER_PORT": "23456", "PET_NPROC_PER_NODE": "8", "WORLD_SIZE": "32", "RANK": "0",
-          "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"},
-         "launch: Kubeflow (PET_* variables): nnodes=4 node_rank=0 nproc_per_node=8 world_size=32",
-         ["--nnodes=4", "--rdzv-endpoint=job-master-0:23456", "--rdzv-conf=is_host=1"]),
+        (
+            {
+                "PET_NNODES": "4",
+                "PET_NODE_RANK": "0",
+                "PET_MASTER_ADDR": "job-master-0",
+                "PET_MASTER_PORT": "23456",
+                "PET_NPROC_PER_NODE": "8",
+                "WORLD_SIZE": "32",
+                "RANK": "0",
+                "MASTER_ADDR": "job-master-0",
+                "MASTER_PORT": "23456",
+            },
+            "launch: Kubeflow (PET_* variables): nnodes=4 node_rank=0 nproc_per_node=8 world_size=32",
+            ["--nnodes=4", "--rdzv-endpoint=job-master-0:23456", "--rdzv-conf=is_host=1"],
+        ),
         # NGPU chooses the processes per pod over PET_NPROC_PER_NODE ("auto" is not a count)
-        ({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "1234",
-          "PET_NPROC_PER_NODE": "auto", "NGPU": "2"},
-         "nnodes=2 node_rank=1 nproc_per_node=2 world_size=4 rendezvous=c10d at m:1234", []),
+        (
+            {
+                "PET_NNODES": "2",
+                "PET_NODE_RANK": "1",
+                "PET_MASTER_ADDR": "m",
+                "PET_MASTER_PORT": "1234",
+                "PET_NPROC_PER_NODE": "auto",
+                "NGPU": "2",
+            },
+            "nnodes=2 node_rank=1 nproc_per_node=2 world_size=4 rendezvous=c10d at m:1234",
+            [],
+        ),
         # older operators: WORLD_SIZE counts pods, RANK is the pod's index
-        ({"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2",
-          "NGPU": "4"},
-         "launch: Kubeflow (WORLD_SIZE pods, RANK pod index): nnodes=3 node_rank=2 "
-         "nproc_per_node=4 world_size=12",
-         ["--nnodes=3", "--rdzv-endpoint=job-master-0:23456", "--rdzv-conf=is_host=0"]),
-        ({"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "h", "SLURM_JOB_ID": "77"},
-         "world_size=2", ["--rdzv-id=77"]),
+        (
+            {
+                "MASTER_ADDR": "job-master-0",
+                "MASTER_PORT": "23456",
+                "WORLD_SIZE": "3",
+                "RANK": "2",
+                "NGPU": "4",
+            },
+            "launch: Kubeflow (WORLD_SIZE pods, RANK pod index): nnodes=3 node_rank=2 "
+            "nproc_per_node=4 world_size=12",
+            ["--nnodes=3", "--rdzv-endpoint=job-master-0:23456", "--rdzv-conf=is_host=0"],
+        ),
+        (
+            {"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "h", "SLURM_JOB_ID": "77"},
+            "world_size=2",
+            ["--rdzv-id=77"],
+        ),
     ],
     ids=["local", "explicit", "kubeflow_pet", "kubeflow_pet_ngpu", "kubeflow_pods", "slurm_id"],
-)  # fmt: skip
+)
 def test_the_launch_is_resolved_from_the_environment(env, resolved, flags):
     out = _dry_run(**env)
     assert out.returncode == 0, out.stderr
@@ -87,18 +136,26 @@ def test_the_launch_is_resolved_from_the_environment(env, resolved, flags):
 @pytest.mark.parametrize(
     "env, error",
     [
-        ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "x"},
-         "error: NODE_RANK=2: this node's rank must be an integer in 0..1 (NNODES=2)"),
-        ({"NNODES": "2", "NODE_RANK": "0"},
-         "error: MASTER_ADDR is not set: the nodes need node 0's address to meet"),
+        (
+            {"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "x"},
+            "error: NODE_RANK=2: this node's rank must be an integer in 0..1 (NNODES=2)",
+        ),
+        (
+            {"NNODES": "2", "NODE_RANK": "0"},
+            "error: MASTER_ADDR is not set: the nodes need node 0's address to meet",
+        ),
         ({"NNODES": "two"}, "error: NNODES=two: the number of nodes must be a positive integer"),
-        ({"PET_NNODES": "2", "PET_MASTER_ADDR": "m"},
-         "error: PET_NODE_RANK=<unset>: this node's rank must be an integer in 0..1"),
-        ({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "99999"},
-         "error: MASTER_PORT=99999: must be a TCP port number (1..65535)"),
+        (
+            {"PET_NNODES": "2", "PET_MASTER_ADDR": "m"},
+            "error: PET_NODE_RANK=<unset>: this node's rank must be an integer in 0..1",
+        ),
+        (
+            {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "99999"},
+            "error: MASTER_PORT=99999: must be a TCP port number (1..65535)",
+        ),
         ({"NGPU": "0"}, "error: NGPU=0: processes per node must be a positive integer"),
     ],
-)  # fmt: skip
+)
 def test_bad_launch_variables_are_one_line_errors(env, error):
     out = _dry_run(**env)
     assert out.returncode == 2
@@ -178,11 +235,30 @@ def _start_on_two_hosts(
     for host, extra in zip(hosts, node_env):
         env = {k: v for k, v in train_env(tmp_path).items() if not _is_launch_variable(k)}
         env.update(extra, NGPU="2")
-        as_host = ["ip", "netns", "exec", host, "unshare", "--uts", "sh", "-c",
-                   'hostname "$0" && exec "$@"', _hostname(host)]  # fmt: skip
+        as_host = [
+            "ip",
+            "netns",
+            "exec",
+            host,
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            _hostname(host),
+        ]
         cmd = [*as_host, SCRIPT, "--job.dump_folder", str(tmp_path / "out"), *args]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
     return procs
 
 
@@ -221,15 +297,31 @@ def test_two_hosts_train_as_one_job_of_four(tmp_path, two_hosts, one_host_losses
     # explicit: node 0's address; Kubeflow: a name, as the operator's service name is
     master = f"{SUBNET}.1" if style == "explicit" else _hostname(two_hosts[0])
     per_node = {
-        "explicit": lambda r: {"NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": master,
-                               "MASTER_PORT": "29511"},
-        "kubeflow_pods": lambda r: {"MASTER_ADDR": master, "MASTER_PORT": "29512",
-                                    "WORLD_SIZE": "2", "RANK": str(r), "PYTHONUNBUFFERED": "0"},
-        "kubeflow_pet": lambda r: {"PET_NNODES": "2", "PET_NODE_RANK": str(r),
-                                   "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29513",
-                                   "PET_NPROC_PER_NODE": "2", "WORLD_SIZE": "4", "RANK": str(r),
-                                   "MASTER_ADDR": master, "MASTER_PORT": "29513"},
-    }[style]  # fmt: skip
+        "explicit": lambda r: {
+            "NNODES": "2",
+            "NODE_RANK": str(r),
+            "MASTER_ADDR": master,
+            "MASTER_PORT": "29511",
+        },
+        "kubeflow_pods": lambda r: {
+            "MASTER_ADDR": master,
+            "MASTER_PORT": "29512",
+            "WORLD_SIZE": "2",
+            "RANK": str(r),
+            "PYTHONUNBUFFERED": "0",
+        },
+        "kubeflow_pet": lambda r: {
+            "PET_NNODES": "2",
+            "PET_NODE_RANK": str(r),
+            "PET_MASTER_ADDR": master,
+            "PET_MASTER_PORT": "29513",
+            "PET_NPROC_PER_NODE": "2",
+            "WORLD_SIZE": "4",
+            "RANK": str(r),
+            "MASTER_ADDR": master,
+            "MASTER_PORT": "29513",
+        },
+    }[style]
     outputs = _run_on_two_hosts(tmp_path, two_hosts, [per_node(0), per_node(1)], FOUR_WORKER_ARGS)
     for rank, output in enumerate(outputs):
         assert f"nnodes=2 node_rank={rank} nproc_per_node=2 world_size=4" in output, output[:2000]
@@ -248,8 +340,10 @@ def test_sigterm_to_one_pod_saves_every_rank_and_the_job_resumes(
     """What Kubernetes does to a pod it evicts: SIGTERM to that pod's launcher only. The other
     pod's workers learn of it at a step boundary; all four save the same step and both pods exit
     with 160; both started again resume there as if never stopped."""
-    node_env = [{"NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": f"{SUBNET}.1",
-                 "MASTER_PORT": "29514"} for r in (0, 1)]  # fmt: skip
+    node_env = [
+        {"NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": f"{SUBNET}.1", "MASTER_PORT": "29514"}
+        for r in (0, 1)
+    ]
     out = tmp_path / "out"
     procs = _start_on_two_hosts(tmp_path, two_hosts, node_env, PREEMPT_ARGS)
     try:

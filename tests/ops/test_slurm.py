@@ -142,9 +142,18 @@ def slurm():
         folder / f"slurmd.node{i}.pid" for i in (1, 2)
     ]
     try:
-        subprocess.run(["munged", f"--socket={munge_socket}", f"--key-file={key}",
-                        f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log",
-                        f"--seed-file={folder}/munged.seed"], check=True, env=env)  # fmt: skip
+        subprocess.run(
+            [
+                "munged",
+                f"--socket={munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={folder}/munged.pid",
+                f"--log-file={folder}/munged.log",
+                f"--seed-file={folder}/munged.seed",
+            ],
+            check=True,
+            env=env,
+        )
         subprocess.run(["slurmctld", "-f", str(conf), "-i"], check=True, env=env)
         for node in ("node1", "node2"):
             (folder / "spool" / node).mkdir(parents=True)
@@ -152,8 +161,9 @@ def slurm():
         deadline = time.time() + 60
         states = ""
         while time.time() < deadline:
-            states = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env,
-                                    capture_output=True, text=True).stdout  # fmt: skip
+            states = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True
+            ).stdout
             if states.split().count("idle") == 2:
                 break
             time.sleep(0.5)
@@ -178,10 +188,21 @@ def _sbatch(env: dict[str, str], tmp_path: Path, *args: str) -> str:
     """The job id of ``sbatch --nodes=2 multinode_trainer.slurm ARGS``, NGPU=2 per node."""
     job_env = train_env(tmp_path, **{"SLURM_CONF": env["SLURM_CONF"], "NGPU": "2"})
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=2", f"--output={tmp_path}/%x-%j.out",
-         "multinode_trainer.slurm", f"--job.dump_folder={tmp_path}/out", *args],
-        cwd=ROOT, env=job_env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=2",
+            f"--output={tmp_path}/%x-%j.out",
+            "multinode_trainer.slurm",
+            f"--job.dump_folder={tmp_path}/out",
+            *args,
+        ],
+        cwd=ROOT,
+        env=job_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return submitted.stdout.strip().split(";")[0]
 
 
@@ -191,15 +212,17 @@ def _output(tmp_path: Path, job: str) -> str:
 
 
 def _job_field(env: dict[str, str], job: str, field: str) -> str:
-    info = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
-                          text=True).stdout  # fmt: skip
+    info = subprocess.run(
+        ["scontrol", "show", "job", job], env=env, capture_output=True, text=True
+    ).stdout
     return next((w.split("=", 1)[1] for w in info.split() if w.startswith(f"{field}=")), "")
 
 
 def _diagnosis(env: dict[str, str], job: str) -> str:
     """What Slurm says of the job and the tail of its controller's log, for a failure message."""
-    info = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True,
-                          text=True).stdout  # fmt: skip
+    info = subprocess.run(
+        ["scontrol", "show", "job", job], env=env, capture_output=True, text=True
+    ).stdout
     log = Path(env["SLURM_CONF"]).parent / "slurmctld.log"
     return f"{info}\n--- slurmctld.log ---\n{log.read_text()[-3000:] if log.exists() else ''}"
 

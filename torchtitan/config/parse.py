@@ -274,8 +274,11 @@ class _Builder:
         keys = " with ".join(
             [f"model.flavor = {flavor!r}", *(f"{k} = {v!r}" for k, v in extra.items())]
         )
-        self._warn(s, f"{s.where()}: {old!r} is upstream's debug model with document masking; "
-                   f"here it is {keys} (FlexAttention on CUDA, SDPA with a document mask on CPU)")  # fmt: skip
+        self._warn(
+            s,
+            f"{s.where()}: {old!r} is upstream's debug model with document masking; "
+            f"here it is {keys} (FlexAttention on CUDA, SDPA with a document mask on CPU)",
+        )
         return flavor
 
     def _warn(self, s: Setting, line: str) -> None:

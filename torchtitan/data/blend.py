@@ -59,10 +59,16 @@ class Blend:
 
     def state(self) -> bytes:
         return json.dumps(
-            {"k": self.k, "counts": self.counts, "names": self.names, "weights": self.weights,
-             "start_k": self.start_k, "start_counts": self.start_counts},
+            {
+                "k": self.k,
+                "counts": self.counts,
+                "names": self.names,
+                "weights": self.weights,
+                "start_k": self.start_k,
+                "start_counts": self.start_counts,
+            },
             separators=(",", ":"),
-        ).encode()  # fmt: skip
+        ).encode()
 
     def load(self, blob: bytes, *, section: str = "training", warn: bool = True) -> None:
         state = json.loads(blob)

@@ -87,7 +87,7 @@ def _tiktoken_json(tok: TikTokenizer) -> dict[str, Any]:
                 "special": True,
             }
             for t, i in sorted(specials.items(), key=lambda kv: kv[1])
-        ],  # fmt: skip
+        ],
         "normalizer": None,
         "pre_tokenizer": {
             "type": "Sequence",
@@ -105,7 +105,7 @@ def _tiktoken_json(tok: TikTokenizer) -> dict[str, Any]:
                     "use_regex": False,
                 },
             ],
-        },  # fmt: skip
+        },
         "post_processor": {
             "type": "TemplateProcessing",
             "single": [
@@ -119,13 +119,13 @@ def _tiktoken_json(tok: TikTokenizer) -> dict[str, Any]:
                 {"Sequence": {"id": "B", "type_id": 1}},
             ],
             "special_tokens": {bos: {"id": bos, "ids": [specials[bos]], "tokens": [bos]}},
-        },  # fmt: skip
+        },
         "decoder": {
             "type": "ByteLevel",
             "add_prefix_space": True,
             "trim_offsets": True,
             "use_regex": True,
-        },  # fmt: skip
+        },
         "model": {
             "type": "BPE",
             "dropout": None,

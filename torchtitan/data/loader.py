@@ -182,7 +182,7 @@ class HFDataLoader:
                 streaming=streaming,
                 first_on_rank=v == self.shards[0],
                 read_error=functools.partial(read_error, source),
-            )  # fmt: skip
+            )
             for v in self.shards
         ]
         readers[0].check_first_row()
@@ -418,20 +418,42 @@ def build_hf_dataloader(
     else:
         label = dataset_path or dataset
         specs = [SourceSpec(label, dataset, dataset_path, 1.0, text_field, streaming)]
-    windows = dict(window=seq_len + 1, seed=seed, shuffle=shuffle, section=section,
-                   vocab_size=getattr(tokenizer, "n_words", None), log_epochs=dp_rank == 0)  # fmt: skip
+    windows = dict(
+        window=seq_len + 1,
+        seed=seed,
+        shuffle=shuffle,
+        section=section,
+        vocab_size=getattr(tokenizer, "n_words", None),
+        log_epochs=dp_rank == 0,
+    )
     sources = [
-        open_source(spec, tokenizer=tokenizer, virtual_shards=virtual_shards, split=split,
-                    section=section, windows=windows)
+        open_source(
+            spec,
+            tokenizer=tokenizer,
+            virtual_shards=virtual_shards,
+            split=split,
+            section=section,
+            windows=windows,
+        )
         for spec in specs
-    ]  # fmt: skip
+    ]
     loader = HFDataLoader(
-        sources, tokenizer=tokenizer, local_batch_size=local_batch_size, seq_len=seq_len,
-        dp_rank=dp_rank, dp_world_size=dp_world_size, global_batch_size=virtual_shards,
-        infinite=infinite, names=[s.name for s in specs], weights=[s.weight for s in specs],
-        section=section, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+        sources,
+        tokenizer=tokenizer,
+        local_batch_size=local_batch_size,
+        seq_len=seq_len,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        global_batch_size=virtual_shards,
+        infinite=infinite,
+        names=[s.name for s in specs],
+        weights=[s.weight for s in specs],
+        section=section,
+        seed=seed,
+        shuffle=shuffle,
+        shuffle_buffer=shuffle_buffer,
         mask_document_starts=mask_document_starts,
-    )  # fmt: skip
+    )
     _log_sources(loader, specs, split)
     return loader
 

@@ -120,9 +120,13 @@ def _spec(entry: dict[str, Any], i: int, section: str) -> SourceSpec:
     check_dataset_config(dataset, path, section=section, entry=key)
     name = entry.get("name") or (Path(path).name or path if path else dataset)
     return SourceSpec(
-        name=str(name), dataset=dataset, path=path, weight=float(weight),
-        text_field=entry.get("text_field"), streaming=entry.get("streaming"),
-    )  # fmt: skip
+        name=str(name),
+        dataset=dataset,
+        path=path,
+        weight=float(weight),
+        text_field=entry.get("text_field"),
+        streaming=entry.get("streaming"),
+    )
 
 
 def check_data_config(section_cfg: Any, section: str = "training") -> None:
@@ -151,9 +155,14 @@ def open_source(
         )
         return TokenWindows(corpus, **windows)
     source = load_source(
-        dataset=spec.dataset, dataset_path=spec.path, split=split, text_field=spec.text_field,
-        streaming=spec.streaming, num_shards=virtual_shards, section=section,
-    )  # fmt: skip
+        dataset=spec.dataset,
+        dataset_path=spec.path,
+        split=split,
+        text_field=spec.text_field,
+        streaming=spec.streaming,
+        num_shards=virtual_shards,
+        section=section,
+    )
     from datasets import IterableDataset
 
     if holds_token_ids(source) and not isinstance(source.dataset, IterableDataset):
@@ -175,10 +184,17 @@ def _too_few_rows(source: Source, virtual_shards: int) -> bool:
 def _tokenize_all(source: Source, tokenizer: Tokenizer) -> InMemoryDocs:
     """Every document of a small map-style dataset, tokenized with BOS and EOS."""
     reader = ShardReader(
-        source.dataset, index=0, virtual_shards=1, tokenizer=tokenizer,
-        text_field=source.text_field, label=source.label, window=1, infinite=False,
-        streaming=False, first_on_rank=False,
-    )  # fmt: skip
+        source.dataset,
+        index=0,
+        virtual_shards=1,
+        tokenizer=tokenizer,
+        text_field=source.text_field,
+        label=source.label,
+        window=1,
+        infinite=False,
+        streaming=False,
+        first_on_rank=False,
+    )
     docs = [
         np.asarray(tokenizer.encode(t, bos=True, eos=True), dtype=np.int64) for t in reader.texts()
     ]

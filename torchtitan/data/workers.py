@@ -61,8 +61,12 @@ def _worker(loader: HFDataLoader, worker: int, num_workers: int, out: Any) -> No
         while (rows := loader.next_rows(mine)) is not None:
             tokens, starts = stack_rows(rows, loader.seq_len + 1)
             # by value (numpy): a tensor would be shared through this process, which may end
-            share = {"tokens": tokens.numpy(), "starts": starts, "state": loader.state_dict(mine),
-                     "counts": list(loader.blend.counts)}  # fmt: skip
+            share = {
+                "tokens": tokens.numpy(),
+                "starts": starts,
+                "state": loader.state_dict(mine),
+                "counts": list(loader.blend.counts),
+            }
             if not _put(out, share, parent):
                 return
         share = {"error": DataError(f"dataset {loader.label}: the training data ended")}

@@ -244,9 +244,16 @@ class _AllGatherAttention(torch.autograd.Function):
             for (at, causal), extra in zip(pieces, ctx.extras[slot]):
                 bias = next(biases_left)
                 g_q, g_k, g_v = _attention_backward(
-                    dout_c, q_c, keys[:, :, at].contiguous(), values[:, :, at].contiguous(),
-                    out_c, lse_c, causal, extra, bias,
-                )  # fmt: skip
+                    dout_c,
+                    q_c,
+                    keys[:, :, at].contiguous(),
+                    values[:, :, at].contiguous(),
+                    out_c,
+                    lse_c,
+                    causal,
+                    extra,
+                    bias,
+                )
                 dq_c += g_q.float()
                 dk[:, :, at] += g_k.float()
                 dv[:, :, at] += g_v.float()

@@ -332,8 +332,10 @@ def check_schedule_csv(plan: PipelinePlan) -> bool:
         ) from None
     if len(rows) != plan.pp:
         raise ConfigError(f"{where} has {len(rows)} rows; give one per pipeline rank ({plan.pp})")
-    actions = {r: [_csv_action(_Action, cell, r, i, plan, where) for i, cell in enumerate(row)]
-               for r, row in enumerate(rows)}  # fmt: skip
+    actions = {
+        r: [_csv_action(_Action, cell, r, i, plan, where) for i, cell in enumerate(row)]
+        for r, row in enumerate(rows)
+    }
     done = [a for row in actions.values() for a in row if a is not None]
     _check_csv_counts(done, plan, where)
     try:  # torch's own check: the order (a backward after its forward, W after its I)

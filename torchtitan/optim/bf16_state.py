@@ -45,10 +45,23 @@ class BF16StateAdam(torch.optim.AdamW):
                 state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.bfloat16)
             exp_avg, exp_avg_sq = state["exp_avg"].float(), state["exp_avg_sq"].float()
             beta1, beta2 = group["betas"]
-            adam([p], [p.grad], [exp_avg], [exp_avg_sq], [], [state["step"]], foreach=False,
-                 decoupled_weight_decay=self.decoupled, amsgrad=False, beta1=beta1, beta2=beta2,
-                 lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
-                 maximize=False)  # fmt: skip
+            adam(
+                [p],
+                [p.grad],
+                [exp_avg],
+                [exp_avg_sq],
+                [],
+                [state["step"]],
+                foreach=False,
+                decoupled_weight_decay=self.decoupled,
+                amsgrad=False,
+                beta1=beta1,
+                beta2=beta2,
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=False,
+            )
             state["exp_avg"].copy_(exp_avg)
             state["exp_avg_sq"].copy_(exp_avg_sq)
         return loss

@@ -83,8 +83,13 @@ def orthogonalize_turn(turn: list[tuple[torch.Tensor, dict[str, Any]]]) -> list[
 
 
 def _rows_split_on_one_dim(update: torch.Tensor) -> bool:
-    return (isinstance(update, DTensor) and update.ndim == 2 and update.device_mesh.ndim == 1
-            and update.placements == (Shard(0),) and update.device_mesh.size() > 1)  # fmt: skip
+    return (
+        isinstance(update, DTensor)
+        and update.ndim == 2
+        and update.device_mesh.ndim == 1
+        and update.placements == (Shard(0),)
+        and update.device_mesh.size() > 1
+    )
 
 
 def _row_counts(rows: int, ranks: int) -> list[int]:
@@ -115,22 +120,29 @@ def _shared_out(turn: list[tuple[DTensor, dict[str, Any]]], mesh: Any) -> list[D
     back = local[0].new_empty(send.shape)
     dist.all_to_all_single(back, result.contiguous(), sent, received, group=pg)
     pieces = back.split(sent[: len(turn)])
-    return [_split_like(u, piece.view(t.shape), u.placements)
-            for piece, t, (u, _) in zip(pieces, local, turn)]  # fmt: skip
+    return [
+        _split_like(u, piece.view(t.shape), u.placements)
+        for piece, t, (u, _) in zip(pieces, local, turn)
+    ]
 
 
 def _split_like(update: DTensor, local: torch.Tensor, placements: Any) -> DTensor:
     """``local`` as this rank's piece of a tensor of ``update``'s global shape."""
-    return DTensor.from_local(local, update.device_mesh, placements, run_check=False,
-                              shape=update.shape, stride=update.stride())  # fmt: skip
+    return DTensor.from_local(
+        local,
+        update.device_mesh,
+        placements,
+        run_check=False,
+        shape=update.shape,
+        stride=update.stride(),
+    )
 
 
 def _newton_schulz(matrices: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
     coefficients, steps, eps = group["ns_coefficients"], group["ns_steps"], group["eps"]
     if matrices.ndim == 2:
         return _zeropower_via_newtonschulz(matrices, coefficients, steps, eps)
-    return torch.stack([_zeropower_via_newtonschulz(m, coefficients, steps, eps)
-                        for m in matrices])  # fmt: skip
+    return torch.stack([_zeropower_via_newtonschulz(m, coefficients, steps, eps) for m in matrices])
 
 
 def _orthogonalize_own_experts(update: DTensor, group: dict[str, Any]) -> DTensor:
@@ -162,9 +174,16 @@ class DistributedMuon(torch.optim.Optimizer):
         adjust_lr_fn: str | None = None,
         state_dtype: torch.dtype | None = None,
     ) -> None:
-        defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum,
-                    "nesterov": nesterov, "ns_coefficients": ns_coefficients, "eps": eps,
-                    "ns_steps": ns_steps, "adjust_lr_fn": adjust_lr_fn}  # fmt: skip
+        defaults = {
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_coefficients": ns_coefficients,
+            "eps": eps,
+            "ns_steps": ns_steps,
+            "adjust_lr_fn": adjust_lr_fn,
+        }
         super().__init__(params, defaults)
         self.state_dtype = state_dtype  # of the momentum buffers; None: the gradient's
         for group in self.param_groups:

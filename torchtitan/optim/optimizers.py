@@ -66,10 +66,15 @@ def _build_muon(groups: list[Group], cfg: OptimizerConfig) -> torch.optim.Optimi
         {"params": g.params, "lr": cfg.muon_lr * g.lr_multiplier, "weight_decay": g.weight_decay}
         for g in groups
     ]
-    return DistributedMuon(param_groups, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
-                           momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
-                           adjust_lr_fn=cfg.muon_adjust_lr,
-                           state_dtype=torch.bfloat16 if cfg.state_dtype == "bfloat16" else None)  # fmt: skip
+    return DistributedMuon(
+        param_groups,
+        lr=cfg.muon_lr,
+        weight_decay=cfg.weight_decay,
+        momentum=cfg.muon_momentum,
+        ns_steps=cfg.muon_ns_steps,
+        adjust_lr_fn=cfg.muon_adjust_lr,
+        state_dtype=torch.bfloat16 if cfg.state_dtype == "bfloat16" else None,
+    )
 
 
 def _split_for_muon(model: nn.Module, groups: list[Group], part: int) -> list[Group]:

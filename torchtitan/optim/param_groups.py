@@ -75,11 +75,14 @@ def _rule(i: int, entry: Any) -> Rule:
         raise ConfigError(f"{where}: must be a table with match and lr_multiplier/weight_decay")
     unknown = sorted(set(entry) - set(_RULE_KEYS))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid: "
-                          f"{', '.join(_RULE_KEYS)}")  # fmt: skip
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(_RULE_KEYS)}"
+        )
     match = entry.get("match")
     if not isinstance(match, str) or not match:
-        raise ConfigError(f"{where}.match: must be a glob over parameter names, e.g. 'layers.*.attention.*'")  # fmt: skip
+        raise ConfigError(
+            f"{where}.match: must be a glob over parameter names, e.g. 'layers.*.attention.*'"
+        )
     values = {}
     for key in ("lr_multiplier", "weight_decay"):
         value = entry.get(key)
@@ -190,8 +193,10 @@ def plan_groups(
         group.names.append(name)
         group.params.append(p)
     # the configured settings first: its learning rate is the one logged
-    ordered = sorted(groups.values(), key=lambda g: (g.lr_multiplier != 1,
-                                                     g.weight_decay != weight_decay, -len(g.params)))  # fmt: skip
+    ordered = sorted(
+        groups.values(),
+        key=lambda g: (g.lr_multiplier != 1, g.weight_decay != weight_decay, -len(g.params)),
+    )
     return ordered, hits
 
 

@@ -93,8 +93,13 @@ def build_dataloader(job_config: JobConfig, rt: Runtime, tokenizer: Any) -> Any:
         return loader
     from torchtitan.data.workers import WorkerLoader
 
-    return WorkerLoader(loader, w.num_workers, prefetch_factor=w.prefetch_factor,
-                        pin_memory=w.pin_memory, persistent_workers=w.persistent_workers)  # fmt: skip
+    return WorkerLoader(
+        loader,
+        w.num_workers,
+        prefetch_factor=w.prefetch_factor,
+        pin_memory=w.pin_memory,
+        persistent_workers=w.persistent_workers,
+    )
 
 
 def dataloader_for(

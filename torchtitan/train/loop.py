@@ -88,9 +88,14 @@ class Loop:
     def expert_load(self) -> ExpertLoad:
         """Mixture-of-experts load balancing and its metrics (empty for a dense model)."""
         moe = self.job_config.moe
-        return ExpertLoad(self.parts, self.rt.plan.model_args.n_layers, tp=self.rt.dims.tp,
-                          coeff=moe.load_balance_coeff, aux_coeff=moe.aux_loss_coeff,
-                          device=self.rt.device)  # fmt: skip
+        return ExpertLoad(
+            self.parts,
+            self.rt.plan.model_args.n_layers,
+            tp=self.rt.dims.tp,
+            coeff=moe.load_balance_coeff,
+            aux_coeff=moe.aux_loss_coeff,
+            device=self.rt.device,
+        )
 
     def hang_watchdog(self) -> HangWatchdog:
         r = self.job_config.resilience
@@ -106,14 +111,22 @@ class Loop:
     @cached_property
     def stragglers(self) -> StragglerReport:
         """The slowest rank every log step (docs/reliability.md); off with one rank."""
-        return StragglerReport(self.job_config.resilience.straggler_threshold, rank=self.rt.rank,
-                               world_size=self.rt.world_size, device=self.rt.device)  # fmt: skip
+        return StragglerReport(
+            self.job_config.resilience.straggler_threshold,
+            rank=self.rt.rank,
+            world_size=self.rt.world_size,
+            device=self.rt.device,
+        )
 
     @cached_property
     def spike_guard(self) -> LossSpikeGuard:
         r = self.job_config.resilience
-        return LossSpikeGuard(r.loss_spike_zscore, r.loss_spike_window, r.loss_spike_warmup_steps,
-                              r.loss_spike_max_consecutive)  # fmt: skip
+        return LossSpikeGuard(
+            r.loss_spike_zscore,
+            r.loss_spike_window,
+            r.loss_spike_warmup_steps,
+            r.loss_spike_max_consecutive,
+        )
 
     @cached_property
     def params(self) -> list[torch.nn.Parameter]:
@@ -187,8 +200,10 @@ class Loop:
         if not self.spike_guard.enabled:
             return False
         batch = self.rt.plan.global_batch_size
-        position = (f"global batch {step} of the data stream: its sequences {(step - 1) * batch}"
-                    f"-{step * batch - 1}, after {self.train_state.ntokens_seen:,} tokens")  # fmt: skip
+        position = (
+            f"global batch {step} of the data stream: its sequences {(step - 1) * batch}"
+            f"-{step * batch - 1}, after {self.train_state.ntokens_seen:,} tokens"
+        )
         return self.spike_guard.skips(step, self.mean_loss(step, loss), position, self.checkpointer)
 
     def stop_if_preempted(self, step: int) -> None:

@@ -87,8 +87,18 @@ def test_scan_orders_by_step_number_and_reads_each_marker(tmp_path):
 def test_scan_ignores_everything_but_step_number_folders(tmp_path):
     good = '{"step": 1, "model_only": false, "world_size": 1}'
     _step_dir(tmp_path, 3, good)
-    for name in ("step-x", "step-", "Step-4", "step--5", "step-5.superseded", "step-6.unloadable",
-                 "step-7-hf", "step-7-hf.partial", "checkpoint", "step-8 "):  # fmt: skip
+    for name in (
+        "step-x",
+        "step-",
+        "Step-4",
+        "step--5",
+        "step-5.superseded",
+        "step-6.unloadable",
+        "step-7-hf",
+        "step-7-hf.partial",
+        "checkpoint",
+        "step-8 ",
+    ):
         _step_dir(tmp_path, 0, good, name=name)
     (tmp_path / "step-9").write_text(good)  # a file, not a folder
     assert [(c.step, c.complete) for c in scan(str(tmp_path))] == [(3, True)]

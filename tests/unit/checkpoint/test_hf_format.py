@@ -33,15 +33,33 @@ def hf_config(args, **kwargs):
 transformers = pytest.importorskip("transformers")
 
 FLAVORS = {
-    "gqa": ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, max_seq_len=32,
-                     multiple_of=32, rope_theta=500000.0),
-    "tied_scaled_rope": ModelArgs(dim=64, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=96,
-                                  max_seq_len=32, multiple_of=32, tie_word_embeddings=True,
-                                  use_scaled_rope=True, rope_original_max_seq_len=16,
-                                  rope_scale_factor=4.0),
-    "mha": ModelArgs(dim=48, n_layers=1, n_heads=3, vocab_size=80, max_seq_len=32,
-                     multiple_of=16, norm_eps=1e-6),
-}  # fmt: skip
+    "gqa": ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=96,
+        max_seq_len=32,
+        multiple_of=32,
+        rope_theta=500000.0,
+    ),
+    "tied_scaled_rope": ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=8,
+        n_kv_heads=2,
+        vocab_size=96,
+        max_seq_len=32,
+        multiple_of=32,
+        tie_word_embeddings=True,
+        use_scaled_rope=True,
+        rope_original_max_seq_len=16,
+        rope_scale_factor=4.0,
+    ),
+    "mha": ModelArgs(
+        dim=48, n_layers=1, n_heads=3, vocab_size=80, max_seq_len=32, multiple_of=16, norm_eps=1e-6
+    ),
+}
 
 
 def _ours(args: ModelArgs) -> Transformer:

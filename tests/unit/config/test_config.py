@@ -294,9 +294,15 @@ def test_every_shipped_config_passes_preflight(path):
     cfg = parse_args(["--job.config_file", str(path), "--model.tokenizer_path", tok])
     assert cfg.warnings == []
     # The smallest world each config is written for: 8 GPUs, or nodes of them for TP x FSDP (x PP)
-    world = {"llama3_70b.toml": 64, "llama2_70b.toml": 64, "llama3_405b.toml": 256,
-             "qwen3_moe_30b_a3b.toml": 16, "qwen3_moe_235b_a22b.toml": 128,
-             "llama4_17bx16e.toml": 64, "llama4_17bx128e.toml": 256}  # fmt: skip
+    world = {
+        "llama3_70b.toml": 64,
+        "llama2_70b.toml": 64,
+        "llama3_405b.toml": 256,
+        "qwen3_moe_30b_a3b.toml": 16,
+        "qwen3_moe_235b_a22b.toml": 128,
+        "llama4_17bx16e.toml": 64,
+        "llama4_17bx128e.toml": 256,
+    }
     world_size = world.get(path.name, 8)
     plan = plan_job(cfg, world_size=world_size)
     d = plan.dims

@@ -306,9 +306,14 @@ def test_layout_errors_name_the_degree_the_user_typed(capsys):
         "divides 1"
     ]
     rc, errors, _ = _preflight(
-        capsys, "--world-size", "4", "--parallelism.tensor_parallel_degree", "2",
-        "--parallelism.data_parallel_shard_degree", "4",
-    )  # fmt: skip
+        capsys,
+        "--world-size",
+        "4",
+        "--parallelism.tensor_parallel_degree",
+        "2",
+        "--parallelism.data_parallel_shard_degree",
+        "4",
+    )
     assert rc == 2 and len(errors) == 1
     assert errors[0].startswith("error: command line: --parallelism.data_parallel_shard_degree: ")
     assert "tensor_parallel_degree=2 = 8, but the world size is 4" in errors[0]
@@ -342,11 +347,12 @@ def test_a_published_flavor_refuses_a_tokenizer_of_another_size(tmp_path, capsys
         ["--model.norm_type", "fused_rmsnorm"],
         [
             "--parallelism.enable_async_tensor_parallel",
-            "--parallelism.tensor_parallel_degree", "2",
+            "--parallelism.tensor_parallel_degree",
+            "2",
             "--compile.enable",
         ],
     ],
-)  # fmt: skip
+)
 def test_device_type_cuda_judges_gpu_features_as_on_a_gpu(capsys, args):
     args = ["--world-size", "2", *args] if "2" in args else args
     rc, errors, _ = _preflight(capsys, *args)
@@ -402,20 +408,36 @@ def test_custom_import_is_imported_by_the_check(tmp_path, capsys):
 )
 def test_pipeline_split_points_set_the_stages(points, stages, schedule, pp):
     cfg = parse_args(
-        ["--model.n_layers", "6", "--parallelism.pipeline_parallel_split_points", points,
-         "--parallelism.pipeline_parallel_schedule", schedule, "--training.local_batch_size", "4",
-         "--parallelism.pipeline_parallel_degree", str(pp)]
-    )  # fmt: skip
+        [
+            "--model.n_layers",
+            "6",
+            "--parallelism.pipeline_parallel_split_points",
+            points,
+            "--parallelism.pipeline_parallel_schedule",
+            schedule,
+            "--training.local_batch_size",
+            "4",
+            "--parallelism.pipeline_parallel_degree",
+            str(pp),
+        ]
+    )
     plan = job_plan.plan_job(cfg, world_size=pp)
     assert plan.pipeline.stage_layers == stages
 
 
 def test_pipeline_split_points_that_do_not_fit_the_schedule_are_refused():
     cfg = parse_args(
-        ["--model.n_layers", "6", "--parallelism.pipeline_parallel_split_points", "layers.2",
-         "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule",
-         "Interleaved1F1B"]
-    )  # fmt: skip
+        [
+            "--model.n_layers",
+            "6",
+            "--parallelism.pipeline_parallel_split_points",
+            "layers.2",
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_schedule",
+            "Interleaved1F1B",
+        ]
+    )
     with pytest.raises(ConfigError) as e:
         job_plan.plan_job(cfg, world_size=2)
     assert "1 split points make 2 stages" in str(e.value) and "a multiple of 2" in str(e.value)

@@ -48,17 +48,25 @@ def local_paths(tmp_path_factory) -> dict[str, list[str]]:
         "llama3_8b_2025_mid": [*out, "--model.tokenizer_path", llama3_hf],
         "llama3_8b_2025_late": [*out, "--model.hf_assets_path", llama3_hf],
         "llama2_7b_2024": [
-            *out, "--model.tokenizer_path", str(llama2_sized_sentencepiece(tmp / "llama2.model"))
+            *out,
+            "--model.tokenizer_path",
+            str(llama2_sized_sentencepiece(tmp / "llama2.model")),
         ],
         "debug_model_2024": [
-            *out, "--model.tokenizer_path", TOKENIZER, "--training.dataset_path", str(data)
+            *out,
+            "--model.tokenizer_path",
+            TOKENIZER,
+            "--training.dataset_path",
+            str(data),
         ],
         "debug_model_2025": [
             *out,
-            "--model.hf_assets_path", str(hf_assets_folder(tmp / "debug_hf", 2000)),
-            "--training.dataset_path", str(data),
+            "--model.hf_assets_path",
+            str(hf_assets_folder(tmp / "debug_hf", 2000)),
+            "--training.dataset_path",
+            str(data),
         ],
-    }  # fmt: skip
+    }
 
 
 CONFIGS = sorted(p.stem for p in UPSTREAM.glob("*.toml"))
@@ -163,10 +171,19 @@ def test_llama4_configs_pass_with_tokenizers_of_the_published_size(
     kind, config, llama4_tokenizers, tmp_path, capsys
 ):
     rc = preflight.main(
-        ["--world-size", "64", "--device-type", "cuda",
-         "--job.config_file", str(ROOT / "train_configs" / f"{config}.toml"),
-         "--model.tokenizer_path", llama4_tokenizers[kind], "--job.dump_folder", str(tmp_path)]
-    )  # fmt: skip
+        [
+            "--world-size",
+            "64",
+            "--device-type",
+            "cuda",
+            "--job.config_file",
+            str(ROOT / "train_configs" / f"{config}.toml"),
+            "--model.tokenizer_path",
+            llama4_tokenizers[kind],
+            "--job.dump_folder",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
 
 
@@ -178,11 +195,20 @@ def _parse(*args: str, problems: Problems | None = None):
 
 
 def test_upstream_2025_model_and_float8_keys(tmp_path):
-    cfg = _parse("--global.dump_folder", str(tmp_path), "--model.use_flex_attn", "true",
-                 "--float8.moe_fqns", "experts")  # fmt: skip
+    cfg = _parse(
+        "--global.dump_folder",
+        str(tmp_path),
+        "--model.use_flex_attn",
+        "true",
+        "--float8.moe_fqns",
+        "experts",
+    )
     assert cfg.job.dump_folder == str(tmp_path)
-    assert any("--model.use_flex_attn: no effect here (the attention kernel follows "
-               "model.attn_mask_type" in w for w in cfg.warnings)  # fmt: skip
+    assert any(
+        "--model.use_flex_attn: no effect here (the attention kernel follows "
+        "model.attn_mask_type" in w
+        for w in cfg.warnings
+    )
     # with the float8 converter, experts that upstream would run in float8 are refused
     problems = Problems()
     _parse("--model.converters", "float8", "--float8.moe_fqns", "experts", problems=problems)
@@ -208,8 +234,16 @@ def test_upstream_attention_flavors_are_the_debug_model_with_document_masking(fl
 
 
 def test_qwen3_moe_flavor_names_point_at_qwen3_moe(tmp_path, capsys):
-    rc = preflight.main(["--model.name", "qwen3", "--model.flavor", "debugmodel_moe",
-                         "--job.dump_folder", str(tmp_path)])  # fmt: skip
+    rc = preflight.main(
+        [
+            "--model.name",
+            "qwen3",
+            "--model.flavor",
+            "debugmodel_moe",
+            "--job.dump_folder",
+            str(tmp_path),
+        ]
+    )
     assert rc == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: command line: --model.flavor: 'debugmodel_moe' is upstream's qwen3 "
@@ -221,8 +255,14 @@ def test_qwen3_moe_flavor_names_point_at_qwen3_moe(tmp_path, capsys):
 @pytest.mark.parametrize("origin", ["file", "command line"])
 def test_a_micro_batch_count_error_says_where_it_was_set(origin, tmp_path, capsys):
     key = "parallelism.pipeline_parallel_microbatches"
-    args = ["--world-size", "2", "--parallelism.pipeline_parallel_degree", "2",
-            "--job.dump_folder", str(tmp_path)]  # fmt: skip
+    args = [
+        "--world-size",
+        "2",
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+        "--job.dump_folder",
+        str(tmp_path),
+    ]
     if origin == "file":
         toml = tmp_path / "pp.toml"
         toml.write_text("[parallelism]\npipeline_parallel_microbatches = 3\n")
@@ -263,28 +303,74 @@ CSV = str(ROOT / "tests" / "assets" / "pipeline" / "split_backward_pp2.csv")
 _PP = "--parallelism.pipeline_parallel_"
 FEATURES = {
     "pp_looped_zero_bubble": (4, [f"{_PP}degree", "4", f"{_PP}schedule", "InterleavedZeroBubble"]),
-    "pp_dp_1f1b_layers_per_stage_4": (4, [f"{_PP}degree", "2", f"{_PP}schedule", "1F1B",
-                                          f"{_PP}layers_per_stage", "4",
-                                          "--parallelism.data_parallel_shard_degree", "2"]),
+    "pp_dp_1f1b_layers_per_stage_4": (
+        4,
+        [
+            f"{_PP}degree",
+            "2",
+            f"{_PP}schedule",
+            "1F1B",
+            f"{_PP}layers_per_stage",
+            "4",
+            "--parallelism.data_parallel_shard_degree",
+            "2",
+        ],
+    ),
     "pp_looped_1f1b": (4, [f"{_PP}degree", "4", f"{_PP}schedule", "Interleaved1F1B"]),
-    "pp_looped_1f1b_layers_per_stage_1": (4, [f"{_PP}degree", "4", f"{_PP}schedule",
-                                              "Interleaved1F1B", f"{_PP}layers_per_stage", "1"]),
-    "pp_custom_csv": (2, [f"{_PP}degree", "2", f"{_PP}schedule", "PipelineScheduleMulti",
-                          f"{_PP}schedule_csv", CSV, f"{_PP}microbatch_size", "2"]),
-    "fsdp+flex_attn": (4, ["--parallelism.data_parallel_shard_degree=4",
-                           "--activation_checkpoint.mode=full", "--model.flavor=debugmodel_flex_attn"]),
-    "fsdp+varlen_attn+per_op_sac": (4, ["--parallelism.data_parallel_shard_degree=4",
-                                        "--activation_checkpoint.mode=selective",
-                                        "--activation_checkpoint.selective_ac_option=op",
-                                        "--model.flavor=debugmodel_varlen_attn"]),
-    "opt_in_bwd_tp_cp": (4, ["--parallelism.tensor_parallel_degree=2",
-                             "--parallelism.context_parallel_degree=2",
-                             "--optimizer.early_step_in_backward"]),
-    "dataloader_kwargs": (2, ["--training.dataloader.num_workers", "2",
-                              "--training.dataloader.pin_memory",
-                              "--training.dataloader.persistent_workers",
-                              "--training.dataloader.prefetch_factor", "4"]),
-}  # fmt: skip
+    "pp_looped_1f1b_layers_per_stage_1": (
+        4,
+        [f"{_PP}degree", "4", f"{_PP}schedule", "Interleaved1F1B", f"{_PP}layers_per_stage", "1"],
+    ),
+    "pp_custom_csv": (
+        2,
+        [
+            f"{_PP}degree",
+            "2",
+            f"{_PP}schedule",
+            "PipelineScheduleMulti",
+            f"{_PP}schedule_csv",
+            CSV,
+            f"{_PP}microbatch_size",
+            "2",
+        ],
+    ),
+    "fsdp+flex_attn": (
+        4,
+        [
+            "--parallelism.data_parallel_shard_degree=4",
+            "--activation_checkpoint.mode=full",
+            "--model.flavor=debugmodel_flex_attn",
+        ],
+    ),
+    "fsdp+varlen_attn+per_op_sac": (
+        4,
+        [
+            "--parallelism.data_parallel_shard_degree=4",
+            "--activation_checkpoint.mode=selective",
+            "--activation_checkpoint.selective_ac_option=op",
+            "--model.flavor=debugmodel_varlen_attn",
+        ],
+    ),
+    "opt_in_bwd_tp_cp": (
+        4,
+        [
+            "--parallelism.tensor_parallel_degree=2",
+            "--parallelism.context_parallel_degree=2",
+            "--optimizer.early_step_in_backward",
+        ],
+    ),
+    "dataloader_kwargs": (
+        2,
+        [
+            "--training.dataloader.num_workers",
+            "2",
+            "--training.dataloader.pin_memory",
+            "--training.dataloader.persistent_workers",
+            "--training.dataloader.prefetch_factor",
+            "4",
+        ],
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(FEATURES))
@@ -337,7 +423,7 @@ def test_early_step_in_backward_refuses_what_needs_the_whole_step(world, args, e
         (
             ["0F0,1F0", "1F1"],
             "entry 2 '1F0': stage 1 runs on pp rank 1 in the PipelineScheduleMulti layout",
-        ),  # fmt: skip
+        ),
         (["0F9", "1F0"], "the plan has stages 0-3 and micro-batches 0-3"),
         (
             ["0F0,0F1,0F2", "1F0"],
@@ -356,8 +442,16 @@ def test_early_step_in_backward_refuses_what_needs_the_whole_step(world, args, e
 def test_schedule_csv_problems_are_one_line_naming_the_file(rows, expected, tmp_path):
     path = tmp_path / "bad.csv"
     path.write_text("\n".join(rows) + "\n")
-    cfg = _parse(f"{_PP}degree", "2", f"{_PP}schedule", "PipelineScheduleMulti",
-                 f"{_PP}schedule_csv", str(path), f"{_PP}microbatch_size", "2")  # fmt: skip
+    cfg = _parse(
+        f"{_PP}degree",
+        "2",
+        f"{_PP}schedule",
+        "PipelineScheduleMulti",
+        f"{_PP}schedule_csv",
+        str(path),
+        f"{_PP}microbatch_size",
+        "2",
+    )
     with pytest.raises(ConfigError) as e:
         plan_job(cfg, world_size=2)
     assert f"parallelism.pipeline_parallel_schedule_csv: '{path}'" in str(e.value)

@@ -38,8 +38,15 @@ def _jsonl(path: Path, n: int, prefix: str = "doc") -> Path:
 
 
 def _build(path: Path, **kw):
-    args = dict(dataset="local", dataset_path=str(path), tokenizer=TOK, local_batch_size=4,
-                seq_len=5, global_batch_size=8, dp_world_size=2)  # fmt: skip
+    args = dict(
+        dataset="local",
+        dataset_path=str(path),
+        tokenizer=TOK,
+        local_batch_size=4,
+        seq_len=5,
+        global_batch_size=8,
+        dp_world_size=2,
+    )
     return build_hf_dataloader(**(args | kw))
 
 
@@ -66,8 +73,10 @@ def _sources(tmp_path: Path, kind: str) -> dict:
     path = _jsonl(tmp_path / "a.jsonl", 23)
     if kind == "mixture":
         other = _jsonl(tmp_path / "b.jsonl", 17, prefix="other")
-        entries = [{"path": str(path), "weight": 0.7, "name": "a"},
-                   {"path": str(other), "weight": 0.3, "name": "b"}]  # fmt: skip
+        entries = [
+            {"path": str(path), "weight": 0.7, "name": "a"},
+            {"path": str(other), "weight": 0.3, "name": "b"},
+        ]
         return {"datasets": json.dumps(entries), "dataset_path": None}
     if kind == "shuffled":
         return {"dataset_path": str(path), "shuffle": True, "seed": 3}

@@ -676,8 +676,18 @@ def test_fewer_rows_than_the_global_batch_are_cut_by_tokens(tmp_path):
     assert got == expected
     # Shuffled: every epoch is a permutation of the 3 documents; layouts agree.
     one = windows(take(iter(build(path, local_batch_size=8, shuffle=True, seed=1)), 3))
-    two = [build(path, local_batch_size=4, dp_rank=r, dp_world_size=2, global_batch_size=8,
-                 shuffle=True, seed=1) for r in range(2)]  # fmt: skip
+    two = [
+        build(
+            path,
+            local_batch_size=4,
+            dp_rank=r,
+            dp_world_size=2,
+            global_batch_size=8,
+            shuffle=True,
+            seed=1,
+        )
+        for r in range(2)
+    ]
     its = [iter(ld) for ld in two]
     assert one == [w for _ in range(3) for it in its for w in windows([next(it)])]
     assert one != got
@@ -831,9 +841,16 @@ def test_an_unusable_hub_fails_in_seconds_in_one_line(monkeypatch, closed_port, 
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     start = time.monotonic()
     with pytest.raises(ConfigError) as e:
-        build_hf_dataloader(dataset="c4_validation", dataset_path=None, tokenizer=TOK,
-                            local_batch_size=1, seq_len=4, split="validation",
-                            section="validation", infinite=False)  # fmt: skip
+        build_hf_dataloader(
+            dataset="c4_validation",
+            dataset_path=None,
+            tokenizer=TOK,
+            local_batch_size=1,
+            seq_len=4,
+            split="validation",
+            section="validation",
+            infinite=False,
+        )
     assert time.monotonic() - start < 10
     why = "HF_HUB_OFFLINE is set" if offline else f"no answer from {endpoint}: Connection refused"
     assert str(e.value) == (
@@ -897,8 +914,15 @@ def test_shuffled_stream_reads_every_document_once_per_epoch(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", texts)
 
     def first_epoch() -> list[str]:
-        ld = build(path, streaming=True, local_batch_size=1, seq_len=3, shuffle=True, seed=2,
-                   shuffle_buffer=8)  # fmt: skip
+        ld = build(
+            path,
+            streaming=True,
+            local_batch_size=1,
+            seq_len=3,
+            shuffle=True,
+            seed=2,
+            shuffle_buffer=8,
+        )
         got = flat(take(iter(ld), len(token_stream(texts)) // 4))
         docs, cur = [], []
         for t in got:  # cut the stream at EOS: whole documents in the order they were read
@@ -929,8 +953,15 @@ def test_streamed_files_are_reshuffled_every_epoch_and_resume_exactly(tmp_path, 
     folder = _files(tmp_path / "d", 4, 3)
 
     def make():
-        return build(folder, streaming=True, local_batch_size=2, seq_len=7, shuffle=True, seed=1,
-                     shuffle_buffer=0)  # fmt: skip
+        return build(
+            folder,
+            streaming=True,
+            local_batch_size=2,
+            seq_len=7,
+            shuffle=True,
+            seed=1,
+            shuffle_buffer=0,
+        )
 
     _check_resume(make, k, m=8)
     shard0 = column_streams(take(iter(make()), 40))[0]  # shard 0 holds files 0 and 2
@@ -952,8 +983,15 @@ def test_resume_inside_a_step(tmp_path, streaming, shuffle):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(40))
 
     def make():
-        return build(path, streaming=streaming, local_batch_size=2, global_batch_size=4,
-                     shuffle=shuffle, seed=3, shuffle_buffer=2)  # fmt: skip
+        return build(
+            path,
+            streaming=streaming,
+            local_batch_size=2,
+            global_batch_size=4,
+            shuffle=shuffle,
+            seed=3,
+            shuffle_buffer=2,
+        )
 
     reference = take(iter(make()), 9)
     first = make()
@@ -966,8 +1004,15 @@ def test_resume_inside_a_step(tmp_path, streaming, shuffle):
 @pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
 def test_every_pass_of_a_shuffled_validation_loader_is_the_same(tmp_path, streaming):
     path = write_jsonl(tmp_path / "d.jsonl", make_docs(9))
-    ld = build(path, streaming=streaming, local_batch_size=1, infinite=False, shuffle=True, seed=3,
-               shuffle_buffer=3)  # fmt: skip
+    ld = build(
+        path,
+        streaming=streaming,
+        local_batch_size=1,
+        infinite=False,
+        shuffle=True,
+        seed=3,
+        shuffle_buffer=3,
+    )
     passes = [[x for x, *_ in ld] for _ in range(3)]
     assert len(passes[0]) > 3
     for other in passes[1:]:

@@ -130,8 +130,9 @@ def check_boundaries(make: Callable[..., object], is_start: IsStart, batches: in
 
 
 def text_loader(path: Path, **kw):
-    args = dict(dataset="local", dataset_path=str(path), tokenizer=TOK, local_batch_size=2,
-                seq_len=SEQ)  # fmt: skip
+    args = dict(
+        dataset="local", dataset_path=str(path), tokenizer=TOK, local_batch_size=2, seq_len=SEQ
+    )
     return build_hf_dataloader(**{**args, **kw})
 
 
@@ -175,10 +176,15 @@ def test_token_windows_flag_each_documents_first_token():
 
 @pytest.mark.parametrize(
     "name,streaming,shuffle",
-    [("d.jsonl", False, False), ("d.jsonl", False, True), ("d.parquet", False, False),
-     ("d.jsonl", True, False), ("d.jsonl", True, True)],
+    [
+        ("d.jsonl", False, False),
+        ("d.jsonl", False, True),
+        ("d.parquet", False, False),
+        ("d.jsonl", True, False),
+        ("d.jsonl", True, True),
+    ],
     ids=["map", "map-shuffled", "parquet", "streamed", "streamed-shuffled"],
-)  # fmt: skip
+)
 def test_text_tokenized_on_the_fly(tmp_path, name, streaming, shuffle):
     path = write_texts(tmp_path / name, texts(20))
     kw = dict(streaming=streaming, shuffle=shuffle, seed=4, shuffle_buffer=3)
@@ -214,15 +220,25 @@ def test_small_corpus_tokenized_whole(tmp_path):
 def mixture(tmp_path: Path) -> list[dict]:
     text = write_texts(tmp_path / "web.jsonl", texts(30))
     tok = write_indexed(tmp_path / "tok", [TOK.encode(t, bos=True, eos=True) for t in texts(25)])
-    return [{"path": str(text), "weight": 2, "name": "web"},
-            {"path": str(tok), "weight": 1, "name": "tok"}]  # fmt: skip
+    return [
+        {"path": str(text), "weight": 2, "name": "web"},
+        {"path": str(tok), "weight": 1, "name": "tok"},
+    ]
 
 
 def mixed(entries: list[dict], **kw):
     return build_hf_dataloader(
-        dataset="python_docs", dataset_path=None, tokenizer=TOK, local_batch_size=2,
-        global_batch_size=4, seq_len=SEQ, datasets=entries, seed=1, shuffle=True, **kw,
-    )  # fmt: skip
+        dataset="python_docs",
+        dataset_path=None,
+        tokenizer=TOK,
+        local_batch_size=2,
+        global_batch_size=4,
+        seq_len=SEQ,
+        datasets=entries,
+        seed=1,
+        shuffle=True,
+        **kw,
+    )
 
 
 def test_a_mixture_of_text_and_a_pretokenized_corpus(tmp_path):
@@ -236,8 +252,17 @@ def test_a_mixture_of_text_and_a_pretokenized_corpus(tmp_path):
 @pytest.mark.parametrize("streaming", [False, True], ids=["map", "streamed"])
 def test_resume_gives_the_same_doc_ids(tmp_path, streaming):
     path = write_texts(tmp_path / "d.jsonl", texts(12))
-    make = lambda: text_loader(path, streaming=streaming, local_batch_size=1,  # noqa: E731
-                               mask_document_starts=True, shuffle=True, shuffle_buffer=3)  # fmt: skip
+
+    def make():
+        return text_loader(
+            path,
+            streaming=streaming,
+            local_batch_size=1,
+            mask_document_starts=True,
+            shuffle=True,
+            shuffle_buffer=3,
+        )
+
     reference = take(make(), 16)
     inside = 0
     for k in range(1, 10):

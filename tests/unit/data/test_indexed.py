@@ -222,20 +222,32 @@ def corpus_folder(tmp_path: Path, n_docs: int = 60, name: str = "corpus") -> Pat
     tokens = sum(len(d) for d in docs)
     write_manifest(
         folder,
-        Manifest(tokenizer=FakeTokenizer().fingerprint(), dtype="uint16", documents=n_docs,
-                 tokens=tokens, source={"dataset_path": "x.jsonl"},
-                 files=["shard_00000", "shard_00001"]),
-    )  # fmt: skip
+        Manifest(
+            tokenizer=FakeTokenizer().fingerprint(),
+            dtype="uint16",
+            documents=n_docs,
+            tokens=tokens,
+            source={"dataset_path": "x.jsonl"},
+            files=["shard_00000", "shard_00001"],
+        ),
+    )
     return folder
 
 
 def loader(folder: Path, *, dp: int = 1, rank: int = 0, local: int = 4, gbs: int = 8, **kw):
     kw.setdefault("tokenizer", FakeTokenizer())
     return build_hf_dataloader(
-        dataset="python_docs", dataset_path=str(folder), local_batch_size=local,
-        global_batch_size=gbs, seq_len=16, dp_rank=rank, dp_world_size=dp, seed=7, shuffle=True,
+        dataset="python_docs",
+        dataset_path=str(folder),
+        local_batch_size=local,
+        global_batch_size=gbs,
+        seq_len=16,
+        dp_rank=rank,
+        dp_world_size=dp,
+        seed=7,
+        shuffle=True,
         **kw,
-    )  # fmt: skip
+    )
 
 
 def rows_of(batch) -> torch.Tensor:
@@ -277,8 +289,13 @@ def test_exact_resume_mid_epoch_and_on_another_layout(tmp_path):
             next(it)
     saved = {}
     for ld in first:
-        saved.update(json.loads(json.dumps({k: v if isinstance(v, int) else v.decode()
-                                           for k, v in ld.state_dict().items()})))  # fmt: skip
+        saved.update(
+            json.loads(
+                json.dumps(
+                    {k: v if isinstance(v, int) else v.decode() for k, v in ld.state_dict().items()}
+                )
+            )
+        )
     saved = {k: v if isinstance(v, int) else v.encode() for k, v in saved.items()}
     expected = [torch.cat([rows_of(next(it)) for it in its]) for _ in range(6)]
     resumed = global_steps(folder, dp=4, local=2, steps=6, states=[saved] * 4)
@@ -333,9 +350,13 @@ def test_a_dataset_of_input_ids_is_read_as_stored(tmp_path, hf_offline, streamin
     path = tmp_path / "ids.jsonl"
     path.write_text("".join(json.dumps({"input_ids": d, "n": len(d)}) + "\n" for d in docs))
     ld = build_hf_dataloader(
-        dataset="python_docs", dataset_path=str(path), tokenizer=FakeTokenizer(),
-        local_batch_size=1, seq_len=9, streaming=streaming,
-    )  # fmt: skip
+        dataset="python_docs",
+        dataset_path=str(path),
+        tokenizer=FakeTokenizer(),
+        local_batch_size=1,
+        seq_len=9,
+        streaming=streaming,
+    )
     assert isinstance(ld.sources[0], TokenWindows) != streaming  # map-style: random access
     got = torch.cat([torch.cat([x, y[:, -1:]], 1) for (x, y, _), _ in zip(ld, range(12))])
     got = got.flatten()
@@ -350,9 +371,13 @@ def test_input_ids_outside_the_vocabulary(tmp_path, hf_offline, streaming):
         "".join(json.dumps({"input_ids": [1, 2, 3, VOCAB + 5, 4]}) + "\n" for _ in range(3))
     )
     ld = build_hf_dataloader(
-        dataset="python_docs", dataset_path=str(path), tokenizer=FakeTokenizer(),
-        local_batch_size=1, seq_len=4, streaming=streaming,
-    )  # fmt: skip
+        dataset="python_docs",
+        dataset_path=str(path),
+        tokenizer=FakeTokenizer(),
+        local_batch_size=1,
+        seq_len=4,
+        streaming=streaming,
+    )
     with pytest.raises(
         DataError, match=rf"token id {VOCAB + 5} .*outside the tokenizer's vocabulary"
     ):

@@ -109,10 +109,18 @@ def three_sources(tmp_path) -> list[dict]:
 
 def mixed(entries, *, dp: int = 1, rank: int = 0, local: int = 8):
     return build_hf_dataloader(
-        dataset="python_docs", dataset_path=None, tokenizer=TOK, local_batch_size=local,
-        global_batch_size=8, seq_len=12, dp_rank=rank, dp_world_size=dp, datasets=entries,
-        seed=3, shuffle=True,
-    )  # fmt: skip
+        dataset="python_docs",
+        dataset_path=None,
+        tokenizer=TOK,
+        local_batch_size=local,
+        global_batch_size=8,
+        seq_len=12,
+        dp_rank=rank,
+        dp_world_size=dp,
+        datasets=entries,
+        seed=3,
+        shuffle=True,
+    )
 
 
 def steps_of(entries, dp: int, local: int, steps: int, states=None) -> list[torch.Tensor]:
@@ -237,8 +245,13 @@ def test_metrics_show_each_sources_share(caplog):
             self.values = values
 
     sink = Sink()
-    m = MetricsProcessor(flops_per_token=1, log_freq=1, sinks=[sink], color=False,
-                         data_tokens=lambda: {"web": 7_000_000, "code": 3_000_000})  # fmt: skip
+    m = MetricsProcessor(
+        flops_per_token=1,
+        log_freq=1,
+        sinks=[sink],
+        color=False,
+        data_tokens=lambda: {"web": 7_000_000, "code": 3_000_000},
+    )
     m.ntokens_since_last_log = 10
     with caplog.at_level("INFO"):
         m.log(1, 2.0, 1.0, 1e-3)
@@ -249,10 +262,19 @@ def test_metrics_show_each_sources_share(caplog):
 def test_a_validation_mixture_is_one_pass_that_rewinds(three_sources):
     """Non-infinite (validation): the pass ends when a source runs out, the next one is the same."""
     ld = build_hf_dataloader(
-        dataset="python_docs", dataset_path=None, tokenizer=TOK, local_batch_size=4,
-        global_batch_size=8, seq_len=12, dp_rank=0, dp_world_size=2, datasets=three_sources,
-        infinite=False, split="train", section="validation",
-    )  # fmt: skip
+        dataset="python_docs",
+        dataset_path=None,
+        tokenizer=TOK,
+        local_batch_size=4,
+        global_batch_size=8,
+        seq_len=12,
+        dp_rank=0,
+        dp_world_size=2,
+        datasets=three_sources,
+        infinite=False,
+        split="train",
+        section="validation",
+    )
     first = [rows_of(b) for b in ld]
     second = [rows_of(b) for b in ld]
     assert 0 < len(first) < 1000 and len(first) == len(second)

@@ -43,13 +43,25 @@ def _job(*args: str):
 @pytest.mark.parametrize(
     "args, world, expected",
     [
-        (["--parallelism.context_parallel_degree", "3", "--training.seq_len", "64"], 3,
-         "training.seq_len: 64 must be divisible by 2 x parallelism.context_parallel_degree = 6"),
-        (["--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree",
-          "4", "--training.seq_len", "36"], 8,
-         "training.seq_len: 36 / context_parallel_degree 2 = 18 tokens per rank must be divisible by parallelism.tensor_parallel_degree = 4"),
+        (
+            ["--parallelism.context_parallel_degree", "3", "--training.seq_len", "64"],
+            3,
+            "training.seq_len: 64 must be divisible by 2 x parallelism.context_parallel_degree = 6",
+        ),
+        (
+            [
+                "--parallelism.context_parallel_degree",
+                "2",
+                "--parallelism.tensor_parallel_degree",
+                "4",
+                "--training.seq_len",
+                "36",
+            ],
+            8,
+            "training.seq_len: 36 / context_parallel_degree 2 = 18 tokens per rank must be divisible by parallelism.tensor_parallel_degree = 4",
+        ),
     ],
-)  # fmt: skip
+)
 def test_sequence_split_errors_name_the_key(args, world, expected):
     with pytest.raises(ConfigError) as e:
         plan_job(_job(*args), world_size=world)

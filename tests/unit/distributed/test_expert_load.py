@@ -16,11 +16,23 @@ pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 def _model(every: int = 1, coeff: float = 1e-2, aux: float = 0.0) -> Qwen3MoeModel:
     args = Qwen3MoeModelArgs(
-        dim=32, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=8, hidden_dim=48, vocab_size=64,
+        dim=32,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        hidden_dim=48,
+        vocab_size=64,
         max_seq_len=32,
-        moe=MoEArgs(num_experts=8, top_k=2, hidden_dim=16, every=every,
-                    load_balance_coeff=coeff, aux_loss_coeff=aux),
-    )  # fmt: skip
+        moe=MoEArgs(
+            num_experts=8,
+            top_k=2,
+            hidden_dim=16,
+            every=every,
+            load_balance_coeff=coeff,
+            aux_loss_coeff=aux,
+        ),
+    )
     torch.manual_seed(0)
     model = Qwen3MoeModel(args)
     model.init_weights()

@@ -36,30 +36,86 @@ def test_regroup_index_orders_rank_major_blocks_expert_major(counts):
 @pytest.mark.parametrize(
     "world, args, words",
     [
-        (3, ["--parallelism.expert_parallel_degree", "3"],
-         "expert_parallel_degree: 3 does not divide the model's 8 experts"),
-        (4, ["--parallelism.expert_parallel_degree", "4", "--parallelism.tensor_parallel_degree", "2",
-             "--parallelism.expert_tensor_parallel_degree", "2"],
-         "expert_parallel_degree: 4 must divide data_parallel_shard_degree x "
-         "context_parallel_degree = 2 x 1 = 2"),
-        (8, ["--parallelism.expert_parallel_degree", "8", "--parallelism.tensor_parallel_degree", "2",
-             "--parallelism.data_parallel_shard_degree", "2", "--parallelism.data_parallel_replicate_degree", "2"],
-         "expert_parallel_degree: 8 must divide data_parallel_shard_degree x "
-         "context_parallel_degree x tensor_parallel_degree = 2 x 1 x 2 = 4"),
-        (4, ["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "4"],
-         "expert_parallel_degree: 2 leaves the experts replicated over 2 tensor parallel ranks "
-         "without FSDP"),
-        (4, ["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
-             "--parallelism.data_parallel_replicate_degree", "2"],
-         "with data_parallel_replicate_degree 2 needs FSDP for the experts"),
-        (4, ["--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2",
-             "--parallelism.expert_tensor_parallel_degree", "4"],
-         "expert_tensor_parallel_degree: 4 is not supported with tensor_parallel_degree 2; use 1"),
-        (2, ["--parallelism.expert_parallel_degree", "2",
-             "--parallelism.expert_tensor_parallel_degree", "2"],
-         "expert_tensor_parallel_degree: 2 needs tensor parallel; use 1 (or -1)"),
+        (
+            3,
+            ["--parallelism.expert_parallel_degree", "3"],
+            "expert_parallel_degree: 3 does not divide the model's 8 experts",
+        ),
+        (
+            4,
+            [
+                "--parallelism.expert_parallel_degree",
+                "4",
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.expert_tensor_parallel_degree",
+                "2",
+            ],
+            "expert_parallel_degree: 4 must divide data_parallel_shard_degree x "
+            "context_parallel_degree = 2 x 1 = 2",
+        ),
+        (
+            8,
+            [
+                "--parallelism.expert_parallel_degree",
+                "8",
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.data_parallel_shard_degree",
+                "2",
+                "--parallelism.data_parallel_replicate_degree",
+                "2",
+            ],
+            "expert_parallel_degree: 8 must divide data_parallel_shard_degree x "
+            "context_parallel_degree x tensor_parallel_degree = 2 x 1 x 2 = 4",
+        ),
+        (
+            4,
+            [
+                "--parallelism.expert_parallel_degree",
+                "2",
+                "--parallelism.tensor_parallel_degree",
+                "4",
+            ],
+            "expert_parallel_degree: 2 leaves the experts replicated over 2 tensor parallel ranks "
+            "without FSDP",
+        ),
+        (
+            4,
+            [
+                "--parallelism.expert_parallel_degree",
+                "2",
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.data_parallel_replicate_degree",
+                "2",
+            ],
+            "with data_parallel_replicate_degree 2 needs FSDP for the experts",
+        ),
+        (
+            4,
+            [
+                "--parallelism.expert_parallel_degree",
+                "2",
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.expert_tensor_parallel_degree",
+                "4",
+            ],
+            "expert_tensor_parallel_degree: 4 is not supported with tensor_parallel_degree 2; use 1",
+        ),
+        (
+            2,
+            [
+                "--parallelism.expert_parallel_degree",
+                "2",
+                "--parallelism.expert_tensor_parallel_degree",
+                "2",
+            ],
+            "expert_tensor_parallel_degree: 2 needs tensor parallel; use 1 (or -1)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_layouts_that_cannot_split_the_experts_are_named(world, args, words):
     with pytest.raises(ConfigError) as e:
         plan_job(parse_args([*L4, *args]), world_size=world)
@@ -72,8 +128,15 @@ def test_expert_parallel_needs_experts():
 
 
 def test_expert_parallel_borrows_data_and_context_parallel_ranks():
-    cfg = parse_args([*L4, "--parallelism.expert_parallel_degree", "4",
-                      "--parallelism.context_parallel_degree", "2"])  # fmt: skip
+    cfg = parse_args(
+        [
+            *L4,
+            "--parallelism.expert_parallel_degree",
+            "4",
+            "--parallelism.context_parallel_degree",
+            "2",
+        ]
+    )
     dims = plan_job(cfg, world_size=8).dims
     assert (dims.dp_shard, dims.cp, dims.ep, dims.etp) == (4, 2, 4, 1)
     assert dims.dp == 4  # EP reads no batches of its own
@@ -90,8 +153,16 @@ def test_expert_parallel_borrows_data_and_context_parallel_ranks():
     ],
 )
 def test_expert_tensor_parallel_degree_picks_the_ranks_expert_parallel_borrows(ep, args, etp):
-    cfg = parse_args([*L4, "--parallelism.expert_parallel_degree", str(ep),
-                      "--parallelism.tensor_parallel_degree", "2", *args])  # fmt: skip
+    cfg = parse_args(
+        [
+            *L4,
+            "--parallelism.expert_parallel_degree",
+            str(ep),
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            *args,
+        ]
+    )
     dims = plan_job(cfg, world_size=4).dims
     assert (dims.dp_shard, dims.tp, dims.ep, dims.etp) == (2, 2, ep, etp)
     assert dims.experts_whole_under_tp == (etp == 1)
@@ -101,8 +172,15 @@ def test_expert_tensor_parallel_degree_picks_the_ranks_expert_parallel_borrows(e
 def test_expert_tensor_parallel_degree_has_no_effect_without_expert_parallel():
     """As upstream: with EP 1 the experts are split like the dense layers whatever it says."""
     for etp in ("1", "3"):  # any value
-        cfg = parse_args([*L4, "--parallelism.tensor_parallel_degree", "2",
-                          "--parallelism.expert_tensor_parallel_degree", etp])  # fmt: skip
+        cfg = parse_args(
+            [
+                *L4,
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.expert_tensor_parallel_degree",
+                etp,
+            ]
+        )
         dims = plan_job(cfg, world_size=2).dims
         assert (dims.ep, dims.etp, dims.experts_whole_under_tp) == (1, 2, False)
 

@@ -50,8 +50,12 @@ def test_split_layers_counts_embedding_and_output_as_upstream_does():
     # 8 stages of one: the first holds only the embedding, the last only norm + output
     assert split_layers(6, 8, 1, 1) == ((), (0,), (1,), (2,), (3,), (4,), (5,), ())
     assert split_layers(7, 3, 1, 1) == ((0, 1), (2, 3, 4), (5, 6))
-    assert split_layers(32, 4, 1, 1) == (tuple(range(8)), tuple(range(8, 17)),
-                                         tuple(range(17, 25)), tuple(range(25, 32)))  # fmt: skip
+    assert split_layers(32, 4, 1, 1) == (
+        tuple(range(8)),
+        tuple(range(8, 17)),
+        tuple(range(17, 25)),
+        tuple(range(25, 32)),
+    )
     assert split_layers(6, 1, 1, 1) == (tuple(range(6)),)
     with pytest.raises(ValueError):
         split_layers(6, 4, 3, 0)  # a stage holds 2 counted layers, the embedding counts as 3
@@ -99,8 +103,14 @@ def test_plan_layout_microbatches_and_log_line():
     assert "stage 0 (pp rank 0): tok_embeddings + layer 0;" in text
     assert "stage 3 (pp rank 1): layer 5 + norm + output" in text
     # without counting the embedding and the output (0, 0): the blocks alone split evenly
-    even = _plan("--parallelism.pipeline_parallel_schedule", "Interleaved1F1B",
-                 f"--{_KEY}first_stage_less_layers", "0", f"--{_KEY}last_stage_less_layers", "0")  # fmt: skip
+    even = _plan(
+        "--parallelism.pipeline_parallel_schedule",
+        "Interleaved1F1B",
+        f"--{_KEY}first_stage_less_layers",
+        "0",
+        f"--{_KEY}last_stage_less_layers",
+        "0",
+    )
     assert even.stage_layers == ((0, 1), (2, 3), (4,), (5,))
 
 

@@ -29,38 +29,97 @@ pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
 def _l4_moe(every: int) -> MoEArgs:
-    return MoEArgs(num_experts=4, top_k=1, hidden_dim=32, score_func="sigmoid",
-                   score_before_experts=True, shared_hidden_dim=32, every=every)  # fmt: skip
+    return MoEArgs(
+        num_experts=4,
+        top_k=1,
+        hidden_dim=32,
+        score_func="sigmoid",
+        score_before_experts=True,
+        shared_hidden_dim=32,
+        every=every,
+    )
 
 
 # id -> (model class, adapter, args)
 TINY = {
     # every layer MoE, top-2 of 8, renormalized weights (the published routing)
-    "qwen3_moe": (Qwen3MoeModel, Qwen3MoeStateDictAdapter, Qwen3MoeModelArgs(
-        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, hidden_dim=96, vocab_size=96,
-        max_seq_len=48, moe=MoEArgs(num_experts=8, top_k=2, hidden_dim=32, route_norm=True),
-    )),
+    "qwen3_moe": (
+        Qwen3MoeModel,
+        Qwen3MoeStateDictAdapter,
+        Qwen3MoeModelArgs(
+            dim=64,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            head_dim=24,
+            hidden_dim=96,
+            vocab_size=96,
+            max_seq_len=48,
+            moe=MoEArgs(num_experts=8, top_k=2, hidden_dim=32, route_norm=True),
+        ),
+    ),
     # every other layer MoE (decoder_sparse_step 2), weights not renormalized, top-3
-    "qwen3_moe_sparse_step_2": (Qwen3MoeModel, Qwen3MoeStateDictAdapter, Qwen3MoeModelArgs(
-        dim=48, n_layers=4, n_heads=6, n_kv_heads=2, head_dim=16, hidden_dim=80, vocab_size=80,
-        max_seq_len=48, rope_theta=10000.0,
-        moe=MoEArgs(num_experts=6, top_k=3, hidden_dim=24, route_norm=False, every=2),
-    )),
+    "qwen3_moe_sparse_step_2": (
+        Qwen3MoeModel,
+        Qwen3MoeStateDictAdapter,
+        Qwen3MoeModelArgs(
+            dim=48,
+            n_layers=4,
+            n_heads=6,
+            n_kv_heads=2,
+            head_dim=16,
+            hidden_dim=80,
+            vocab_size=80,
+            max_seq_len=48,
+            rope_theta=10000.0,
+            moe=MoEArgs(num_experts=6, top_k=3, hidden_dim=24, route_norm=False, every=2),
+        ),
+    ),
     # Scout's layout: MoE on every layer, QK-norm, rope scaled; chunks of 8 on the rotary layers
     # and a query temperature from position 3 on the NoPE layer (layer 3), so that both act
-    "llama4_scout_like": (Llama4Model, Llama4StateDictAdapter, Llama4ModelArgs(
-        dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=96, vocab_size=96,
-        max_seq_len=48, use_scaled_rope=True, rope_original_max_seq_len=16, rope_scale_factor=4.0,
-        rope_high_freq_factor=4.0, attention_chunk_size=8, use_qk_norm=True, floor_scale=4,
-        attn_scale=0.5, moe=_l4_moe(every=1),
-    )),
+    "llama4_scout_like": (
+        Llama4Model,
+        Llama4StateDictAdapter,
+        Llama4ModelArgs(
+            dim=64,
+            n_layers=4,
+            n_heads=4,
+            n_kv_heads=2,
+            head_dim=16,
+            hidden_dim=96,
+            vocab_size=96,
+            max_seq_len=48,
+            use_scaled_rope=True,
+            rope_original_max_seq_len=16,
+            rope_scale_factor=4.0,
+            rope_high_freq_factor=4.0,
+            attention_chunk_size=8,
+            use_qk_norm=True,
+            floor_scale=4,
+            attn_scale=0.5,
+            moe=_l4_moe(every=1),
+        ),
+    ),
     # Maverick's: dense and MoE layers alternating, no QK-norm, no rope scaling
-    "llama4_maverick_like": (Llama4Model, Llama4StateDictAdapter, Llama4ModelArgs(
-        dim=48, n_layers=4, n_heads=6, n_kv_heads=3, head_dim=8, hidden_dim=80, vocab_size=80,
-        max_seq_len=48, attention_chunk_size=16, use_qk_norm=False, floor_scale=8,
-        moe=_l4_moe(every=2),
-    )),
-}  # fmt: skip
+    "llama4_maverick_like": (
+        Llama4Model,
+        Llama4StateDictAdapter,
+        Llama4ModelArgs(
+            dim=48,
+            n_layers=4,
+            n_heads=6,
+            n_kv_heads=3,
+            head_dim=8,
+            hidden_dim=80,
+            vocab_size=80,
+            max_seq_len=48,
+            attention_chunk_size=16,
+            use_qk_norm=False,
+            floor_scale=8,
+            moe=_l4_moe(every=2),
+        ),
+    ),
+}
 
 
 def _ours(flavor: str) -> torch.nn.Module:
@@ -125,8 +184,14 @@ def test_greedy_generation_matches_transformers(flavor, tmp_path):
         for _ in range(8):
             nxt = ours(seq)[:, -1].argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], dim=1)
-        got = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                          max_new_tokens=8, min_new_tokens=8, pad_token_id=0)  # fmt: skip
+        got = hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=False,
+            max_new_tokens=8,
+            min_new_tokens=8,
+            pad_token_id=0,
+        )
     assert got.tolist() == seq.tolist()
 
 
@@ -201,9 +266,17 @@ def test_llama4_imports_the_text_weights_of_a_multimodal_folder(tmp_path):
 
     _, adapter_cls, args = TINY["llama4_scout_like"]
     text = adapter_cls(args).hf_config(dtype=torch.float32, bos_id=None, eos_id=None)
-    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                  image_size=28, patch_size=14, vision_output_dim=16, projector_input_dim=16,
-                  projector_output_dim=16)  # fmt: skip
+    vision = dict(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        image_size=28,
+        patch_size=14,
+        vision_output_dim=16,
+        projector_input_dim=16,
+        projector_output_dim=16,
+    )
     torch.manual_seed(0)
     config = transformers.Llama4Config(text_config=text, vision_config=vision)
     hf = transformers.Llama4ForConditionalGeneration(config).eval()
@@ -318,21 +391,43 @@ _LLAMA4_SHARED = dict(
     tie_word_embeddings=False,
 )
 PUBLISHED_CONFIGS = {
-    ("qwen3_moe", "30B-A3B"): {**_QWEN3_MOE_SHARED, "hidden_size": 2048, "num_hidden_layers": 48,
-                               "num_attention_heads": 32, "intermediate_size": 6144,
-                               "moe_intermediate_size": 768},
-    ("qwen3_moe", "235B-A22B"): {**_QWEN3_MOE_SHARED, "hidden_size": 4096,
-                                 "num_hidden_layers": 94, "num_attention_heads": 64,
-                                 "intermediate_size": 12288, "moe_intermediate_size": 1536},
-    ("llama4", "17bx16e"): {**_LLAMA4_SHARED, "num_local_experts": 16,
-                            "interleave_moe_layer_step": 1, "use_qk_norm": True,
-                            "rope_scaling": {"rope_type": "llama3", "factor": 16.0,
-                                             "low_freq_factor": 1.0, "high_freq_factor": 1.0,
-                                             "original_max_position_embeddings": 8192}},
-    ("llama4", "17bx128e"): {**_LLAMA4_SHARED, "num_local_experts": 128,
-                             "interleave_moe_layer_step": 2, "use_qk_norm": False,
-                             "rope_scaling": None},
-}  # fmt: skip
+    ("qwen3_moe", "30B-A3B"): {
+        **_QWEN3_MOE_SHARED,
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+    },
+    ("qwen3_moe", "235B-A22B"): {
+        **_QWEN3_MOE_SHARED,
+        "hidden_size": 4096,
+        "num_hidden_layers": 94,
+        "num_attention_heads": 64,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 1536,
+    },
+    ("llama4", "17bx16e"): {
+        **_LLAMA4_SHARED,
+        "num_local_experts": 16,
+        "interleave_moe_layer_step": 1,
+        "use_qk_norm": True,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 16.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+        },
+    },
+    ("llama4", "17bx128e"): {
+        **_LLAMA4_SHARED,
+        "num_local_experts": 128,
+        "interleave_moe_layer_step": 2,
+        "use_qk_norm": False,
+        "rope_scaling": None,
+    },
+}
 
 
 @pytest.mark.parametrize("family, flavor", list(PUBLISHED_CONFIGS))

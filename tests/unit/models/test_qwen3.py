@@ -27,12 +27,29 @@ pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 # head_dim 24 != dim / n_heads (16), grouped-query attention (4 query heads per kv head)
 TINY = {
-    "untied": Qwen3ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=1, head_dim=24,
-                             hidden_dim=96, vocab_size=96, max_seq_len=48),
-    "tied": Qwen3ModelArgs(dim=48, n_layers=2, n_heads=6, n_kv_heads=2, head_dim=16,
-                           hidden_dim=80, vocab_size=80, max_seq_len=48, rope_theta=10000.0,
-                           tie_word_embeddings=True),
-}  # fmt: skip
+    "untied": Qwen3ModelArgs(
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=1,
+        head_dim=24,
+        hidden_dim=96,
+        vocab_size=96,
+        max_seq_len=48,
+    ),
+    "tied": Qwen3ModelArgs(
+        dim=48,
+        n_layers=2,
+        n_heads=6,
+        n_kv_heads=2,
+        head_dim=16,
+        hidden_dim=80,
+        vocab_size=80,
+        max_seq_len=48,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    ),
+}
 
 
 def _ours(args: Qwen3ModelArgs) -> Qwen3Model:
@@ -103,8 +120,11 @@ def test_rotary_is_transformers_half_split_layout():
 
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
-    config = transformers.Qwen3Config(**Qwen3StateDictAdapter(dataclasses.replace(
-        args, vocab_size=96)).hf_config(dtype=torch.float32, bos_id=None, eos_id=None))  # fmt: skip
+    config = transformers.Qwen3Config(
+        **Qwen3StateDictAdapter(dataclasses.replace(args, vocab_size=96)).hf_config(
+            dtype=torch.float32, bos_id=None, eos_id=None
+        )
+    )
     cos, sin = Qwen3RotaryEmbedding(config)(q, torch.arange(10).unsqueeze(0))
     hq, hk = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
     torch.testing.assert_close(rq, hq.transpose(1, 2), atol=1e-6, rtol=0)
@@ -227,15 +247,32 @@ PUBLISHED = {
 def _published_config(flavor: str) -> dict:
     (hidden, layers, heads, inter, tied), _, _ = PUBLISHED[flavor]
     return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
-        "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
-        "head_dim": 128, "hidden_act": "silu", "hidden_size": hidden, "initializer_range": 0.02,
-        "intermediate_size": inter, "max_position_embeddings": 40960, "max_window_layers": layers,
-        "num_attention_heads": heads, "num_hidden_layers": layers, "num_key_value_heads": 8,
-        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
-        "tie_word_embeddings": tied, "torch_dtype": "bfloat16", "use_cache": True,
-        "use_sliding_window": False, "vocab_size": 151936,
-    }  # fmt: skip
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": inter,
+        "max_position_embeddings": 40960,
+        "max_window_layers": layers,
+        "num_attention_heads": heads,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": tied,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+    }
 
 
 @pytest.mark.parametrize("flavor", list(PUBLISHED))
@@ -247,14 +284,23 @@ def test_flavor_is_the_published_config(flavor):
 
 
 def test_keys_left_out_take_transformers_defaults():
-    left_out = ("head_dim", "rope_theta", "rope_scaling", "max_position_embeddings",
-                "rms_norm_eps", "tie_word_embeddings")  # fmt: skip
+    left_out = (
+        "head_dim",
+        "rope_theta",
+        "rope_scaling",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+    )
     config = {k: v for k, v in _published_config("0.6B").items() if k not in left_out}
     ours = Qwen3StateDictAdapter.args_from_hf_config(config)
     hf = transformers.Qwen3Config(**config)
     assert (ours.head_dim, ours.rope_theta, ours.max_seq_len, ours.norm_eps) == (
-        hf.head_dim, hf.rope_parameters["rope_theta"], hf.max_position_embeddings, hf.rms_norm_eps
-    )  # fmt: skip
+        hf.head_dim,
+        hf.rope_parameters["rope_theta"],
+        hf.max_position_embeddings,
+        hf.rms_norm_eps,
+    )
     assert ours.tie_word_embeddings == hf.tie_word_embeddings
 
 

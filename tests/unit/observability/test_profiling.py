@@ -10,7 +10,10 @@ from torchtitan.errors import ConfigError
 
 
 def test_warmup_and_active_steps_must_fit_the_frequency():
-    with pytest.raises(ConfigError, match=r"profiling.profiler_warmup \(default\): profiler_warmup \+ "
-                       r"profiler_active \(3 \+ 1\) "
-                       r"must be <= profiling.profile_freq \(2\)"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"profiling.profiler_warmup \(default\): profiler_warmup \+ "
+        r"profiler_active \(3 \+ 1\) "
+        r"must be <= profiling.profile_freq \(2\)",
+    ):
         parse_args(["--profiling.enable_profiling", "--profiling.profile_freq", "2"])

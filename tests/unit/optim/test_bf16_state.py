@@ -64,8 +64,9 @@ def test_bf16_muon_momentum_is_the_float32_one_rounded():
 @pytest.mark.parametrize("name", ["AdamW", "Muon"])
 def test_the_state_takes_half_the_bytes_and_round_trips(name):
     torch.manual_seed(0)
-    args = dataclasses.replace(llama3_configs["debugmodel"], vocab_size=64, n_layers=1, dim=32,
-                               n_heads=2, n_kv_heads=2)  # fmt: skip
+    args = dataclasses.replace(
+        llama3_configs["debugmodel"], vocab_size=64, n_layers=1, dim=32, n_heads=2, n_kv_heads=2
+    )
     model = Transformer(args)
     model.init_weights()
 
@@ -74,8 +75,13 @@ def test_the_state_takes_half_the_bytes_and_round_trips(name):
         model(torch.randint(0, 64, (1, 8))).sum().backward()
         opt.step()
         model.zero_grad(set_to_none=True)
-        tensors = [v for s in (o.state for o in opt.optimizers) for st in s.values()
-                   for k, v in st.items() if k in STATE]  # fmt: skip
+        tensors = [
+            v
+            for s in (o.state for o in opt.optimizers)
+            for st in s.values()
+            for k, v in st.items()
+            if k in STATE
+        ]
         return opt, sum(t.numel() * t.element_size() for t in tensors)
 
     _, full = state_bytes("float32")

@@ -48,15 +48,21 @@ def test_an_expert_stack_is_orthogonalized_matrix_by_matrix():
     grads = [[torch.randn(3, 12, 6)] for _ in range(2)]
     ours = _steps(DistributedMuon, [nn.Parameter(stack.clone())], grads, lr=0.02, weight_decay=0.0)
     for e in range(3):
-        alone = _steps(torch.optim.Muon, [nn.Parameter(stack[e].clone())],
-                       [[g[0][e]] for g in grads], lr=0.02, weight_decay=0.0)  # fmt: skip
+        alone = _steps(
+            torch.optim.Muon,
+            [nn.Parameter(stack[e].clone())],
+            [[g[0][e]] for g in grads],
+            lr=0.02,
+            weight_decay=0.0,
+        )
         assert torch.equal(ours[0][e], alone[0])
 
 
 def _tiny() -> Transformer:
     torch.manual_seed(0)
-    args = dataclasses.replace(llama3_configs["debugmodel"], vocab_size=64, n_layers=2, dim=32,
-                               n_heads=2, n_kv_heads=2)  # fmt: skip
+    args = dataclasses.replace(
+        llama3_configs["debugmodel"], vocab_size=64, n_layers=2, dim=32, n_heads=2, n_kv_heads=2
+    )
     model = Transformer(args)
     model.init_weights()
     return model
@@ -72,8 +78,17 @@ def test_hidden_matrices_go_to_muon_and_the_rest_to_adamw():
     names = {g.optimizer: set() for g in opt.plans[0]}
     for g in opt.plans[0]:
         names[g.optimizer] |= set(g.names)
-    assert names["Muon"] == {f"layers.{i}.{m}.weight" for i in range(2) for m in (
-        "attention.wqkv", "attention.wo", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")}  # fmt: skip
+    assert names["Muon"] == {
+        f"layers.{i}.{m}.weight"
+        for i in range(2)
+        for m in (
+            "attention.wqkv",
+            "attention.wo",
+            "feed_forward.w1",
+            "feed_forward.w2",
+            "feed_forward.w3",
+        )
+    }
     assert {"tok_embeddings.weight", "output.weight", "norm.weight"} <= names["AdamW"]
     assert [g["lr"] for g in muon.param_groups] == [0.02]
     assert [g["lr"] for g in adam.param_groups] == [1e-3, 1e-3]

@@ -49,11 +49,18 @@ def test_llama3_norms_embeddings_and_output_are_told_apart():
     kinds = _kinds(_meta(Transformer, llama3_configs))
     assert kinds["embeddings"] == {"tok_embeddings.weight"}
     assert kinds["output"] == {"output.weight"}
-    assert kinds["norms"] == {"layers.N.attention_norm.weight", "layers.N.ffn_norm.weight",
-                              "norm.weight"}  # fmt: skip
-    assert kinds[None] == {"layers.N.attention.wqkv.weight", "layers.N.attention.wo.weight",
-                           "layers.N.feed_forward.w1.weight", "layers.N.feed_forward.w2.weight",
-                           "layers.N.feed_forward.w3.weight"}  # fmt: skip
+    assert kinds["norms"] == {
+        "layers.N.attention_norm.weight",
+        "layers.N.ffn_norm.weight",
+        "norm.weight",
+    }
+    assert kinds[None] == {
+        "layers.N.attention.wqkv.weight",
+        "layers.N.attention.wo.weight",
+        "layers.N.feed_forward.w1.weight",
+        "layers.N.feed_forward.w2.weight",
+        "layers.N.feed_forward.w3.weight",
+    }
     assert "biases" not in kinds
 
 
@@ -68,8 +75,12 @@ def test_qwen3_qk_norms_are_norms_and_a_tied_output_is_the_embedding():
 
 def test_moe_experts_and_router_decay_like_other_matrices():
     kinds = _kinds(_meta(Llama4Model, llama4_configs))
-    assert {"layers.N.moe.experts.w1", "layers.N.moe.experts.w2", "layers.N.moe.experts.w3",
-            "layers.N.moe.router.gate.weight"} <= kinds[None]  # fmt: skip
+    assert {
+        "layers.N.moe.experts.w1",
+        "layers.N.moe.experts.w2",
+        "layers.N.moe.experts.w3",
+        "layers.N.moe.router.gate.weight",
+    } <= kinds[None]
     assert kinds["output"] == {"output.weight"}
 
 
@@ -95,9 +106,13 @@ def test_default_groups_exempt_norms_and_embeddings_but_not_the_output():
 
 def test_rules_set_lr_multipliers_and_weight_decay_and_count_their_matches():
     model = _meta(Transformer, llama3_configs)
-    rules = parse_rules([{"match": "layers.*.attention.*", "lr_multiplier": 0.5},
-                         {"match": "output.weight", "weight_decay": 0.0},
-                         {"match": "layers.*.attention.wo.weight", "lr_multiplier": 0.5}])  # fmt: skip
+    rules = parse_rules(
+        [
+            {"match": "layers.*.attention.*", "lr_multiplier": 0.5},
+            {"match": "output.weight", "weight_decay": 0.0},
+            {"match": "layers.*.attention.wo.weight", "lr_multiplier": 0.5},
+        ]
+    )
     groups, hits = plan_groups(model, 0.1, ["norms", "biases", "embeddings"], rules)
     n_layers = len(model.layers)
     by_label = {g.label: g for g in groups}
@@ -110,8 +125,9 @@ def test_rules_set_lr_multipliers_and_weight_decay_and_count_their_matches():
 
 def test_conflicting_rules_are_one_line_naming_both():
     model = _meta(Transformer, llama3_configs)
-    rules = parse_rules([{"match": "layers.*", "lr_multiplier": 2},
-                         {"match": "*.wo.weight", "lr_multiplier": 0.5}])  # fmt: skip
+    rules = parse_rules(
+        [{"match": "layers.*", "lr_multiplier": 2}, {"match": "*.wo.weight", "lr_multiplier": 0.5}]
+    )
     with pytest.raises(ConfigError) as e:
         plan_groups(model, 0.1, [], rules)
     assert str(e.value) == (
@@ -136,16 +152,31 @@ def test_a_rule_that_matches_nothing_is_one_line():
 @pytest.mark.parametrize(
     "raw, message",
     [
-        ([{"match": "x", "lr": 2}], "optimizer.param_groups[0]: unknown key(s) lr; valid: match, lr_multiplier, weight_decay"),
+        (
+            [{"match": "x", "lr": 2}],
+            "optimizer.param_groups[0]: unknown key(s) lr; valid: match, lr_multiplier, weight_decay",
+        ),
         ([{"lr_multiplier": 2}], "optimizer.param_groups[0].match: must be a glob"),
-        ([{"match": "x"}], "optimizer.param_groups[0]: sets neither lr_multiplier nor weight_decay"),
-        ([{"match": "x", "lr_multiplier": 0}], "optimizer.param_groups[0].lr_multiplier: 0 must be a number > 0"),
-        ([{"match": "x", "weight_decay": -1}], "optimizer.param_groups[0].weight_decay: -1 must be a number >= 0"),
-        ([{"match": "x", "weight_decay": "none"}], "optimizer.param_groups[0].weight_decay: 'none' must be"),
+        (
+            [{"match": "x"}],
+            "optimizer.param_groups[0]: sets neither lr_multiplier nor weight_decay",
+        ),
+        (
+            [{"match": "x", "lr_multiplier": 0}],
+            "optimizer.param_groups[0].lr_multiplier: 0 must be a number > 0",
+        ),
+        (
+            [{"match": "x", "weight_decay": -1}],
+            "optimizer.param_groups[0].weight_decay: -1 must be a number >= 0",
+        ),
+        (
+            [{"match": "x", "weight_decay": "none"}],
+            "optimizer.param_groups[0].weight_decay: 'none' must be",
+        ),
         ('[{"match": "x", ', "optimizer.param_groups: not JSON"),
         ({"match": "x"}, "optimizer.param_groups: must be a list of tables"),
     ],
-)  # fmt: skip
+)
 def test_bad_rules_are_one_line(raw, message):
     with pytest.raises(ConfigError) as e:
         parse_rules(raw)
@@ -159,16 +190,17 @@ def test_rules_from_the_command_line_are_json():
 
 def test_the_optimizer_has_the_groups_and_its_state_names_them_per_parameter():
     torch.manual_seed(0)
-    args = dataclasses.replace(llama3_configs["debugmodel"], vocab_size=64, n_layers=2, dim=32,
-                               n_heads=2, n_kv_heads=2)  # fmt: skip
+    args = dataclasses.replace(
+        llama3_configs["debugmodel"], vocab_size=64, n_layers=2, dim=32, n_heads=2, n_kv_heads=2
+    )
     model = Transformer(args)
     model.init_weights()
-    cfg = OptimizerConfig(lr=1e-3, weight_decay=0.1,
-                          param_groups=[{"match": "output.weight", "lr_multiplier": 0.5}])  # fmt: skip
+    cfg = OptimizerConfig(
+        lr=1e-3, weight_decay=0.1, param_groups=[{"match": "output.weight", "lr_multiplier": 0.5}]
+    )
     opt = build_optimizer([model], cfg)
     groups = opt.optimizers[0].param_groups
-    assert [(g["lr"], g["weight_decay"]) for g in groups] == [(1e-3, 0.1), (1e-3, 0.0),
-                                                               (5e-4, 0.1)]  # fmt: skip
+    assert [(g["lr"], g["weight_decay"]) for g in groups] == [(1e-3, 0.1), (1e-3, 0.0), (5e-4, 0.1)]
     state = opt.state_dict()
     assert state["param_groups.output.weight.lr"] == 5e-4
     assert state["param_groups.norm.weight.weight_decay"] == 0.0
@@ -179,8 +211,9 @@ def test_a_checkpoint_from_before_the_groups_loads_with_the_configured_settings(
     """Written with every parameter decaying in one group, loaded into the grouped optimizer:
     the moments come from the checkpoint, the weight decay stays the groups'."""
     torch.manual_seed(0)
-    args = dataclasses.replace(llama3_configs["debugmodel"], vocab_size=64, n_layers=1, dim=32,
-                               n_heads=2, n_kv_heads=2)  # fmt: skip
+    args = dataclasses.replace(
+        llama3_configs["debugmodel"], vocab_size=64, n_layers=1, dim=32, n_heads=2, n_kv_heads=2
+    )
     model = Transformer(args)
     model.init_weights()
     old = build_optimizer([model], OptimizerConfig(weight_decay=0.1, weight_decay_exempt=[]))

@@ -32,8 +32,13 @@ def net():
     """A tiny random Llama 3 (2 layers of width 64, 300 tokens): broad next-token distributions."""
     args = dataclasses.replace(
         get_model_args("llama3", "debugmodel"),
-        dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=300, max_seq_len=64,
-    )  # fmt: skip
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=300,
+        max_seq_len=64,
+    )
     torch.manual_seed(0)
     model = get_model_spec("llama3").cls(args)
     model.init_weights()
@@ -126,15 +131,21 @@ def _args(gen, *argv: str) -> argparse.Namespace:
         (["--temperature", "-1"], "--temperature: -1.0 must be >= 0 (0 = greedy)"),
         (["--temperature", "nan"], "--temperature: nan must be >= 0 (0 = greedy)"),
         (["--temperature", "1", "--top_k", "-2"], "--top_k: -2 must be >= 0 (0 = every token)"),
-        (["--temperature", "1", "--top_p", "0"], "--top_p: 0.0 must be in (0, 1] (1 = every token)"),
+        (
+            ["--temperature", "1", "--top_p", "0"],
+            "--top_p: 0.0 must be in (0, 1] (1 = every token)",
+        ),
         (["--temperature", "1", "--top_p", "1.5"], "--top_p: 1.5 must be in (0, 1]"),
-        (["--top_k", "40"], "--top_k: has no effect with --temperature 0 (greedy takes the most "
-         "likely token); give --temperature > 0 (e.g. 0.8) to sample"),
+        (
+            ["--top_k", "40"],
+            "--top_k: has no effect with --temperature 0 (greedy takes the most "
+            "likely token); give --temperature > 0 (e.g. 0.8) to sample",
+        ),
         (["--top_p", "0.9"], "--top_p: has no effect with --temperature 0"),
         (["--max_new_tokens", "0"], "--max_new_tokens: 0 must be >= 1"),
         (["--temperature", "1", "--seed", "-1"], "--seed: -1 must be in [0, 2**63)"),
     ],
-)  # fmt: skip
+)
 def test_bad_sampling_options_are_one_line(gen, argv, error):
     with pytest.raises(ConfigError) as e:
         gen.sampling_from(_args(gen, *argv))

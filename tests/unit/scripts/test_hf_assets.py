@@ -86,8 +86,10 @@ def test_ids_equal_autotokenizer(pair):
         assert ours.encode(text, bos=False, eos=False) == expected, repr(text[:80])
         assert ours.encode(text, bos=True, eos=False) == [hf.bos_token_id, *expected]
         assert ours.encode(text, bos=True, eos=True) == [
-            hf.bos_token_id, *expected, hf.eos_token_id,
-        ]  # fmt: skip
+            hf.bos_token_id,
+            *expected,
+            hf.eos_token_id,
+        ]
     # the file's own post-processor adds BOS: ours is the same sequence
     assert ours.encode("def main(", bos=True, eos=False) == hf("def main(")["input_ids"]
 
@@ -305,13 +307,24 @@ CONFIG_PATTERNS = ["config.json", "generation_config.json"]
 WEIGHT_PATTERNS = [*CONFIG_PATTERNS, "*.safetensors", "model.safetensors.index.json"]
 # The files of meta-llama/Llama-3.1-8B (as listed on the Hub) and what each selection fetches.
 LLAMA31_FILES = [
-    ".gitattributes", "LICENSE", "README.md", "USE_POLICY.md", "config.json",
-    "generation_config.json", "model-00001-of-00004.safetensors",
-    "model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors",
-    "model-00004-of-00004.safetensors", "model.safetensors.index.json",
-    "original/consolidated.00.pth", "original/params.json", "original/tokenizer.model",
-    "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
-]  # fmt: skip
+    ".gitattributes",
+    "LICENSE",
+    "README.md",
+    "USE_POLICY.md",
+    "config.json",
+    "generation_config.json",
+    "model-00001-of-00004.safetensors",
+    "model-00002-of-00004.safetensors",
+    "model-00003-of-00004.safetensors",
+    "model-00004-of-00004.safetensors",
+    "model.safetensors.index.json",
+    "original/consolidated.00.pth",
+    "original/params.json",
+    "original/tokenizer.model",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+]
 
 
 @pytest.mark.parametrize(
@@ -339,9 +352,11 @@ def test_download_patterns_select_the_right_files(dl):
         return sorted(filter_repo_objects(LLAMA31_FILES, allow_patterns=dl.allow_patterns(assets)))
 
     assert fetched("tokenizer") == [
-        "original/tokenizer.model", "special_tokens_map.json", "tokenizer.json",
+        "original/tokenizer.model",
+        "special_tokens_map.json",
+        "tokenizer.json",
         "tokenizer_config.json",
-    ]  # fmt: skip
+    ]
     assert fetched("config") == ["config.json", "generation_config.json"]
     weights = fetched("weights")
     assert weights == sorted(CONFIG_PATTERNS + [f for f in LLAMA31_FILES if f.startswith("model")])

@@ -61,9 +61,16 @@ def data(tmp_path: Path) -> tuple[Path, list[str]]:
 
 def argv(source: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "--job.config_file", DEBUG_TOML, "--model.tokenizer_path", TOKENIZER,
-        "--training.dataset_path", str(source), "--output", str(out), *extra,
-    ]  # fmt: skip
+        "--job.config_file",
+        DEBUG_TOML,
+        "--model.tokenizer_path",
+        TOKENIZER,
+        "--training.dataset_path",
+        str(source),
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
 def tokenize(source: Path, out: Path, *extra: str) -> None:
@@ -186,9 +193,12 @@ def test_sigkilled_run_resumes_to_the_same_bytes(tmp_path):
     wrapper.write_text(KILL_AFTER_ADDS.format(scripts=str(ROOT / "scripts"), adds=2 * 50))
     proc = subprocess.Popen(
         [sys.executable, str(wrapper), *argv(source, out, *flags, "--workers", "2")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         _, stderr = proc.communicate(timeout=60)  # EOF once its workers have exited too
     except subprocess.TimeoutExpired:
@@ -278,7 +288,10 @@ def test_errors_are_one_line_on_the_command_line(tmp_path):
     ):
         proc = subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "tokenize_dataset.py"), *args],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         assert proc.returncode == 2
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"error: {key}"), proc.stderr

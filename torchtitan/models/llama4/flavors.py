@@ -30,18 +30,38 @@ LLAMA4_VOCAB_SIZE = 202048
 def _moe(num_experts: int, width: int, every: int = 1) -> MoEArgs:
     """Llama 4's routing: sigmoid scores, top-1, the score scaling the expert's input, one
     shared expert as wide as a routed one."""
-    return MoEArgs(num_experts=num_experts, top_k=1, hidden_dim=width, score_func="sigmoid",
-                   score_before_experts=True, shared_hidden_dim=width, every=every)  # fmt: skip
+    return MoEArgs(
+        num_experts=num_experts,
+        top_k=1,
+        hidden_dim=width,
+        score_func="sigmoid",
+        score_before_experts=True,
+        shared_hidden_dim=width,
+        every=every,
+    )
 
 
 def _published(num_experts: int, every: int, qk_norm: bool, scaled_rope: bool) -> Llama4ModelArgs:
     return Llama4ModelArgs(
-        dim=5120, n_layers=48, n_heads=40, n_kv_heads=8, head_dim=128, hidden_dim=16384,
-        vocab_size=LLAMA4_VOCAB_SIZE, norm_eps=1e-5, rope_theta=500_000.0,
-        use_scaled_rope=scaled_rope, rope_scale_factor=16.0, rope_low_freq_factor=1.0,
-        rope_high_freq_factor=1.0, rope_original_max_seq_len=8192, max_seq_len=8192,
-        attention_chunk_size=8192, use_qk_norm=qk_norm, moe=_moe(num_experts, 8192, every),
-    )  # fmt: skip
+        dim=5120,
+        n_layers=48,
+        n_heads=40,
+        n_kv_heads=8,
+        head_dim=128,
+        hidden_dim=16384,
+        vocab_size=LLAMA4_VOCAB_SIZE,
+        norm_eps=1e-5,
+        rope_theta=500_000.0,
+        use_scaled_rope=scaled_rope,
+        rope_scale_factor=16.0,
+        rope_low_freq_factor=1.0,
+        rope_high_freq_factor=1.0,
+        rope_original_max_seq_len=8192,
+        max_seq_len=8192,
+        attention_chunk_size=8192,
+        use_qk_norm=qk_norm,
+        moe=_moe(num_experts, 8192, every),
+    )
 
 
 llama4_configs: dict[str, Llama4ModelArgs] = {
@@ -59,7 +79,7 @@ llama4_configs: dict[str, Llama4ModelArgs] = {
         max_seq_len=2048,
         attention_chunk_size=32,
         moe=_moe(8, 256),
-    ),  # fmt: skip
+    ),
     "17bx16e": _published(16, every=1, qk_norm=True, scaled_rope=True),
     "17bx128e": _published(128, every=2, qk_norm=False, scaled_rope=False),
 }

@@ -74,10 +74,14 @@ class Llama4ModelArgs:
     attn_mask_type: str = field(default="causal", compare=False)
     moe: MoEArgs = field(
         default_factory=lambda: MoEArgs(
-            num_experts=16, top_k=1, hidden_dim=8192, score_func="sigmoid",
-            score_before_experts=True, shared_hidden_dim=8192,
+            num_experts=16,
+            top_k=1,
+            hidden_dim=8192,
+            score_func="sigmoid",
+            score_before_experts=True,
+            shared_hidden_dim=8192,
         )
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:

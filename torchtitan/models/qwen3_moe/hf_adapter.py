@@ -87,9 +87,10 @@ class Qwen3MoeStateDictAdapter(Qwen3StateDictAdapter):
         dense = Qwen3StateDictAdapter.args_from_hf_config(config)
         config = {"num_experts": config.get("num_local_experts"), **config}  # transformers 5
         missing = [
-            k for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+            k
+            for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
             if config.get(k) is None
-        ]  # fmt: skip
+        ]
         if missing:
             raise HFFormatError(f"config.json: a Qwen3-MoE config needs {', '.join(missing)}")
         try:
