@@ -330,7 +330,7 @@ def computed_volume(job_config: Any, world_size: int) -> dict:
     # under TP every rank routes the whole sequence; with whole experts each sends 1/tp of it
     share = dims.tp if dims.experts_whole_under_tp else 1
     micro = plan.grad_accum_steps
-    elem = torch.empty((), dtype=param_dtype(job_config, device_type)).element_size()
+    elem = torch.empty((), dtype=param_dtype(job_config.training, device_type)).element_size()
     row_bytes = args.dim * elem
     phases = {}
     for phase in PHASES:

@@ -194,7 +194,7 @@ def _meta_model(plan, model_args):
 def _param_dtype(job_config, device_type):
     from torchtitan.distributed.data_parallel import param_dtype
 
-    return param_dtype(job_config, device_type)
+    return param_dtype(job_config.training, device_type)
 
 
 def _ac_name(job_config) -> str:

@@ -69,7 +69,9 @@ def main(folder: str, mode: str, on_save_error: str) -> None:
     cfg.checkpoint.async_mode = "async" if mode == "async" else "disabled"
     torch.manual_seed(0)
     manager = CheckpointManager(
-        cfg,
+        cfg.checkpoint,
+        dump_folder=cfg.job.dump_folder,
+        total_steps=cfg.training.steps,
         model_parts=[nn.Linear(8, 8)],
         optimizers=_Stateful(),
         lr_schedulers=_Stateful(),

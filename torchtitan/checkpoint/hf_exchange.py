@@ -23,19 +23,19 @@ from torch.distributed.checkpoint.state_dict import (
 from torchtitan.checkpoint.collectives import _agree, _attempt
 from torchtitan.checkpoint.errors import CheckpointError
 from torchtitan.checkpoint.states import _EXPORT_DTYPES, TrainState
-from torchtitan.config.schema import JobConfig
+from torchtitan.config.schema import Checkpoint, Model
 from torchtitan.distributed.utils import full_tensor
 from torchtitan.errors import TorchTitanError
 from torchtitan.observability.log import logger
 
 
-def hf_load_source(job_config: JobConfig) -> tuple[str, str] | None:
+def hf_load_source(checkpoint: Checkpoint, model: Model) -> tuple[str, str] | None:
     """``(folder, key)`` that ``checkpoint.initial_load_in_hf`` reads its weights from:
     ``checkpoint.initial_load_path`` when set, else ``model.hf_assets_path`` (a Hugging Face
     model folder), else None."""
-    if job_config.checkpoint.initial_load_path:
-        return job_config.checkpoint.initial_load_path, "checkpoint.initial_load_path"
-    hf_assets_path = getattr(job_config.model, "hf_assets_path", None)
+    if checkpoint.initial_load_path:
+        return checkpoint.initial_load_path, "checkpoint.initial_load_path"
+    hf_assets_path = getattr(model, "hf_assets_path", None)
     if hf_assets_path:
         return hf_assets_path, "model.hf_assets_path"
     return None
@@ -84,13 +84,15 @@ def load_hf(
 class HFExchange:
     """What a Hugging Face export or import needs besides the model: the family's adapter class
     and tokenizer-file writer (from its model spec, None where it has none), the tokenizer, and
-    this rank's pipeline stage."""
+    this rank's pipeline stage; ``load_source``: where ``checkpoint.initial_load_in_hf`` reads
+    (:func:`hf_load_source`)."""
 
     adapter: Any = None
     tokenizer: Any = None
     export_tokenizer: Any = None
     pp_rank: int = 0
     pp_degree: int = 1
+    load_source: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,6 @@ from torchtitan.checkpoint.hf_exchange import (
     ExportRanks,
     HFExchange,
     export_hf,
-    hf_load_source,
     load_hf,
 )
 from torchtitan.checkpoint.safe_read import (
@@ -96,7 +95,7 @@ from torchtitan.checkpoint.states import (
     TrainState,
 )
 from torchtitan.checkpoint.unfused import apply_merges, plan_unfused_load
-from torchtitan.config.schema import JobConfig
+from torchtitan.config.schema import Checkpoint as CheckpointConfig
 from torchtitan.errors import CheckpointSaveFailed
 from torchtitan.observability.log import logger
 
@@ -120,8 +119,10 @@ class CheckpointManager:
 
     def __init__(
         self,
-        job_config: JobConfig,
+        cfg: CheckpointConfig,
         *,
+        dump_folder: str,
+        total_steps: int,
         model_parts: list[nn.Module],
         optimizers: Any,
         lr_schedulers: Any,
@@ -133,12 +134,12 @@ class CheckpointManager:
         hf: HFExchange | None = None,
         run_facts: dict[str, Any] | None = None,
     ) -> None:
-        self.cfg = job_config.checkpoint
+        self.cfg = cfg
         self.run_facts = run_facts or {}  # recorded in each marker; a resume must match them
         self.last_hf_export: str | None = None  # the folder of this run's last HF export
         self.enabled = self.cfg.enable
-        self.folder = os.path.join(job_config.job.dump_folder, self.cfg.folder)
-        self.total_steps = job_config.training.steps
+        self.folder = os.path.join(dump_folder, self.cfg.folder)
+        self.total_steps = total_steps
         self.rank, self.world_size = rank, world_size
         self.train_state = train_state
         self.model_parts = model_parts
@@ -146,7 +147,7 @@ class CheckpointManager:
         self.hf = hf or HFExchange()
         # initial_load_in_hf reads checkpoint.initial_load_path, else the model.hf_assets_path
         # folder: (folder, the key it came from), None if neither is set
-        self.hf_load_path = hf_load_source(job_config)
+        self.hf_load_path = self.hf.load_source
         # who writes what in a Hugging Face export: the first rank of each pipeline stage its
         # stage's weights (the mesh puts pp outermost), rank 0 the rest
         self.export_ranks = ExportRanks(rank, world_size, self.hf.pp_rank, self.hf.pp_degree)

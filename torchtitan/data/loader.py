@@ -51,6 +51,7 @@ import functools
 import json
 from array import array
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -366,31 +367,9 @@ def _label(source: Source | TokenWindows) -> str:
     return source.store.label if isinstance(source, TokenWindows) else source.label
 
 
-def build_hf_dataloader(
-    *,
-    dataset: str,
-    dataset_path: str | None,
-    tokenizer: Tokenizer,
-    local_batch_size: int,
-    seq_len: int,
-    dp_rank: int = 0,
-    dp_world_size: int = 1,
-    global_batch_size: int | None = None,
-    infinite: bool = True,
-    text_field: str | None = None,
-    streaming: bool | None = None,
-    split: str = "train",
-    section: str = "training",
-    seed: int = 0,
-    shuffle: bool = False,
-    shuffle_buffer: int = 100,
-    datasets: Any = None,
-    mask_document_starts: bool = False,
-) -> HFDataLoader:
-    """The data loader for one data-parallel rank.
-
-    ``global_batch_size`` (sequences per optimizer step) sets the number of virtual shards; None
-    means ``local_batch_size * dp_world_size`` (no gradient accumulation).
+@dataclass(frozen=True)
+class DataSpec:
+    """What a loader reads, and in what order: one config section's data keys.
 
     ``datasets`` (``{section}.datasets``: a list of tables, JSON, or ``a:0.7,b:0.3``) makes a
     weighted mixture and replaces ``dataset`` / ``dataset_path`` / ``text_field`` / ``streaming``,
@@ -398,14 +377,44 @@ def build_hf_dataloader(
     local files are not streamed, Hub datasets are). With ``shuffle``, each epoch reads map-style
     and pretokenized sources in a permutation seeded by (``seed``, epoch), and streamed sources
     through a shuffle buffer of ``shuffle_buffer`` documents per virtual shard.
+    ``mask_document_starts`` sets the label of each document's first token to ``IGNORE_INDEX``
+    (see the module docstring).
 
     ``section`` is the config section the settings came from (``"training"``, or
     ``"validation"`` for the validation loader): messages name keys of that section.
-
-    The loader yields :class:`~torchtitan.data.batch.Batch` ``(inputs, labels, doc_ids)``;
-    ``mask_document_starts`` sets the label of each document's first token to ``IGNORE_INDEX``
-    (see the module docstring).
     """
+
+    dataset: str
+    dataset_path: str | None = None
+    datasets: Any = None
+    text_field: str | None = None
+    streaming: bool | None = None
+    split: str = "train"
+    section: str = "training"
+    seed: int = 0
+    shuffle: bool = False
+    shuffle_buffer: int = 100
+    mask_document_starts: bool = False
+
+
+def build_hf_dataloader(
+    data: DataSpec,
+    tokenizer: Tokenizer,
+    *,
+    local_batch_size: int,
+    seq_len: int,
+    dp_rank: int = 0,
+    dp_world_size: int = 1,
+    global_batch_size: int | None = None,
+    infinite: bool = True,
+) -> HFDataLoader:
+    """The data loader of ``data`` for one data-parallel rank, yielding
+    :class:`~torchtitan.data.batch.Batch` ``(inputs, labels, doc_ids)``.
+
+    ``global_batch_size`` (sequences per optimizer step) sets the number of virtual shards; None
+    means ``local_batch_size * dp_world_size`` (no gradient accumulation).
+    """
+    section, seed = data.section, data.seed
     if local_batch_size < 1:
         raise ConfigError(f"{section}.local_batch_size: {local_batch_size} must be >= 1")
     if seq_len < 1:
@@ -413,15 +422,17 @@ def build_hf_dataloader(
     if not 0 <= dp_rank < dp_world_size:
         raise ValueError(f"dp_rank {dp_rank} must be in [0, dp_world_size={dp_world_size})")
     virtual_shards = global_batch_size or local_batch_size * dp_world_size
-    if datasets:
-        specs = mixture_specs(parse_entries(datasets, section), section)
+    if data.datasets:
+        specs = mixture_specs(parse_entries(data.datasets, section), section)
     else:
-        label = dataset_path or dataset
-        specs = [SourceSpec(label, dataset, dataset_path, 1.0, text_field, streaming)]
+        label = data.dataset_path or data.dataset
+        specs = [
+            SourceSpec(label, data.dataset, data.dataset_path, 1.0, data.text_field, data.streaming)
+        ]
     windows = dict(
         window=seq_len + 1,
         seed=seed,
-        shuffle=shuffle,
+        shuffle=data.shuffle,
         section=section,
         vocab_size=getattr(tokenizer, "n_words", None),
         log_epochs=dp_rank == 0,
@@ -431,7 +442,7 @@ def build_hf_dataloader(
             spec,
             tokenizer=tokenizer,
             virtual_shards=virtual_shards,
-            split=split,
+            split=data.split,
             section=section,
             windows=windows,
         )
@@ -450,11 +461,11 @@ def build_hf_dataloader(
         weights=[s.weight for s in specs],
         section=section,
         seed=seed,
-        shuffle=shuffle,
-        shuffle_buffer=shuffle_buffer,
-        mask_document_starts=mask_document_starts,
+        shuffle=data.shuffle,
+        shuffle_buffer=data.shuffle_buffer,
+        mask_document_starts=data.mask_document_starts,
     )
-    _log_sources(loader, specs, split)
+    _log_sources(loader, specs, data.split)
     return loader
 
 

@@ -8,16 +8,16 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from torchtitan.config.schema import JobConfig
+from torchtitan.config.schema import Training
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def param_dtype(job_config: JobConfig, device_type: str) -> torch.dtype:
+def param_dtype(training: Training, device_type: str) -> torch.dtype:
     """Compute dtype for parameters: mixed precision on GPU, float32 on CPU."""
     if device_type == "cpu":
         return torch.float32
-    return DTYPES[job_config.training.mixed_precision_param]
+    return DTYPES[training.mixed_precision_param]
 
 
 def apply_fsdp(

@@ -21,7 +21,7 @@ from typing import Any
 import torch.nn as nn
 from torch.distributed.tensor.parallel import parallelize_module
 
-from torchtitan.config.schema import JobConfig
+from torchtitan.config.schema import ActivationCheckpoint, Compile, Parallelism, Training
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.distributed.context_parallel import apply_cp
 from torchtitan.distributed.data_parallel import DTYPES, apply_ddp, apply_fsdp, param_dtype
@@ -29,19 +29,23 @@ from torchtitan.distributed.expert_parallel import ExpertParallel
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.tensor_parallel import apply_tp, uses_loss_parallel
 from torchtitan.observability.log import logger
-from torchtitan.quantization import float8
 
 
 def parallelize_decoder(
     model: nn.Module,
     dims: ParallelDims,
-    job_config: JobConfig,
-    device_type: str,
     *,
     block_plan: Callable[[Any], dict[str, Any]],
+    device_type: str,
+    parallelism: Parallelism,
+    ac: ActivationCheckpoint,
+    compile: Compile,
+    training: Training,
+    float8_tensorwise: bool = False,
 ) -> nn.Module:
     """``block_plan(styles)``: the family's tensor-parallel styles of one block (see
-    :func:`~torchtitan.distributed.tensor_parallel.apply_tp`)."""
+    :func:`~torchtitan.distributed.tensor_parallel.apply_tp`); ``float8_tensorwise``: tensor
+    parallel moves float8 activations (torchao's float8 styles, the tensorwise recipe)."""
     if dims.ep > 1:  # before TP: the experts' weights get their EP and TP shards at once
         apply_ep(model, dims)
         whole = ", etp=1: whole experts, each TP rank sends its share of the routed rows"
@@ -54,34 +58,33 @@ def parallelize_decoder(
             model,
             dims.sub("tp"),
             block_plan,
-            loss_parallel=uses_loss_parallel(dims, job_config.parallelism),
-            async_tp=job_config.parallelism.enable_async_tensor_parallel,
-            compiled_blocks=job_config.compile.compiles("model"),
-            float8_tensorwise=float8.tensorwise_tp(job_config),
+            loss_parallel=uses_loss_parallel(dims, parallelism),
+            async_tp=parallelism.enable_async_tensor_parallel,
+            compiled_blocks=compile.compiles("model"),
+            float8_tensorwise=float8_tensorwise,
             experts_whole=dims.experts_whole_under_tp,
         )
         logger.info(
-            f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, job_config.parallelism)}"
+            f"Applied tensor + sequence parallel (tp={dims.tp}), loss parallel={uses_loss_parallel(dims, parallelism)}"
         )
     if dims.cp > 1:
         apply_cp(model, dims.sub("cp"))
         logger.info(
             f"Applied context parallel (cp={dims.cp}): all-gather attention, load-balanced chunks"
         )
-    ac = job_config.activation_checkpoint
     if ac.mode != "none":
         apply_ac(model, ac.mode, ac.selective_ac_option)
         logger.info(
             f"Applied {ac.mode} activation checkpointing"
             + (f" ({ac.selective_ac_option})" if ac.mode == "selective" else "")
         )
-    if job_config.compile.compiles("model"):
+    if compile.compiles("model"):
         for block in model.layers.values():
             # the expert-parallel all-to-alls need host splits: graph breaks around them
             block.compile(fullgraph=dims.ep == 1 or getattr(block, "moe", None) is None)
         logger.info("Compiled each transformer block with torch.compile")
     if dims.uses_fully_shard:
-        reshard = job_config.parallelism.fsdp_reshard_after_forward
+        reshard = parallelism.fsdp_reshard_after_forward
         if dims.replicates_through_fsdp:
             reshard = "never"  # one shard rank: the parameters are whole; nothing to free
         elif reshard == "default" and dims.pp > 1:
@@ -91,8 +94,8 @@ def parallelize_decoder(
         apply_fsdp(
             model,
             dims.fsdp_mesh,
-            param_dtype=param_dtype(job_config, device_type),
-            reduce_dtype=DTYPES[job_config.training.mixed_precision_reduce],
+            param_dtype=param_dtype(training, device_type),
+            reduce_dtype=DTYPES[training.mixed_precision_reduce],
             reshard_after_forward=reshard,
             experts_mesh=dims.expert_fsdp_mesh if dims.ep > 1 else None,
             experts_divide_factor=dims.dp_replicate * dims.dp_shard * dims.cp,

@@ -8,14 +8,11 @@ activation checkpointing is not counted. On CPU there is no meaningful peak, so 
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import torch
@@ -24,6 +21,7 @@ import torch.distributed as dist
 from torchtitan.distributed.utils import device_type
 from torchtitan.observability.log import logger
 from torchtitan.observability.run_summary import Progress
+from torchtitan.observability.sinks import TensorBoardSink
 
 # Peak dense (no sparsity) bf16 tensor-core FLOP/s, from the vendors' datasheets: NVIDIA A100
 # (312 TF), A10 (125 TF), L4 (121 TF), L40S (362 TF), H100 SXM (989 TF), H100 PCIe (756 TF),
@@ -232,93 +230,6 @@ def _si(n: float) -> str:
         if n >= size:
             return f"{n / size:.1f}{unit}"
     return f"{n:.0f}"
-
-
-class TensorBoardSink:
-    """``purge_step``: the first step this run writes, when it resumes into an existing run
-    folder; TensorBoard hides the points of that step and later from before (a run that went on
-    past the checkpoint it is resumed from), so the curve stays one line."""
-
-    def __init__(self, folder: str, purge_step: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.folder = folder
-        self.writer = SummaryWriter(folder, max_queue=1000, purge_step=purge_step)
-        resumed = f" (continuing its run from step {purge_step})" if purge_step else ""
-        logger.info(f"TensorBoard metrics go to {folder}{resumed}")
-
-    def write(self, values: dict[str, float], step: int) -> None:
-        for key, value in values.items():
-            self.writer.add_scalar(key, value, step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class WandbSink:
-    """A Weights & Biases run in ``{dump_folder}/wandb`` with the job's config. ``WANDB_PROJECT``
-    (default torchtitan), ``WANDB_NAME``, ``WANDB_ENTITY`` and ``WANDB_MODE=offline`` work as
-    wandb documents them; with every rank writing, the ranks' runs share a group."""
-
-    def __init__(self, job_config: Any, rank: int, all_ranks: bool) -> None:
-        import wandb
-
-        group = os.environ.get("TORCHELASTIC_RUN_ID") if all_ranks else None
-        self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "torchtitan"),
-            dir=job_config.job.dump_folder,
-            config=dataclasses.asdict(job_config),
-            group=group,
-            name=f"rank_{rank}" if all_ranks else None,
-        )
-        logger.info(f"Weights & Biases run {self.run.name} ({self.run.dir})")
-
-    def write(self, values: dict[str, float], step: int) -> None:
-        self.run.log(values, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-def build_sinks(job_config: Any, rank: int, resumed_step: int = 0) -> list[Any]:
-    """TensorBoard and W&B writers for this rank: rank 0's, or every rank's with
-    ``metrics.save_for_all_ranks`` (TensorBoard then in ``{tb folder}/rank_{rank}/``). A run
-    resumed from a checkpoint (``resumed_step`` > 0) writes into the newest TensorBoard run."""
-    m = job_config.metrics
-    if rank != 0 and not m.save_for_all_ranks:
-        return []
-    sinks: list[Any] = []
-    if m.enable_tensorboard:
-        folder = os.path.join(job_config.job.dump_folder, m.save_tb_folder)
-        if m.save_for_all_ranks:
-            folder = os.path.join(folder, f"rank_{rank}")
-        run = newest_tb_run(folder) if resumed_step > 0 else None
-        if run is not None:
-            sinks.append(TensorBoardSink(run, purge_step=resumed_step + 1))
-        else:
-            sinks.append(TensorBoardSink(tb_run_dir(folder)))
-    if m.enable_wandb:
-        sinks.append(WandbSink(job_config, rank, m.save_for_all_ranks))
-    return sinks
-
-
-def tb_run_dir(folder: str) -> str:
-    """``{folder}/<YYYYmmdd-HHMMSS>``: one subfolder per run."""
-    return os.path.join(folder, datetime.now().strftime("%Y%m%d-%H%M%S"))
-
-
-def newest_tb_run(folder: str) -> str | None:
-    """The newest run subfolder of ``folder`` (names are start times) holding events, if any."""
-    if not os.path.isdir(folder):
-        return None
-    runs = sorted(
-        name
-        for name in os.listdir(folder)
-        if re.fullmatch(r"\d{8}-\d{6}", name)
-        and any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(folder, name)))
-    )
-    return os.path.join(folder, runs[-1]) if runs else None
 
 
 def mean_over(value: Any, mesh: Any) -> float:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from torchtitan.config.schema import JobConfig
+from torchtitan.config.schema import Profiling
 from torchtitan.distributed.utils import device_type
 from torchtitan.observability.log import logger
 
@@ -28,12 +28,11 @@ _SNAPSHOT_ENTRIES = 100_000  # allocator events kept (the newest)
 
 
 class StepProfiler:
-    """``step(n)`` after each training step ``n``; traces and snapshots follow the schedule."""
+    """A step hook: ``after_step(n)`` after each training step ``n``; traces and snapshots follow
+    the schedule."""
 
-    def __init__(self, job_config: JobConfig, rank: int, last_step_done: int) -> None:
-        cfg = job_config.profiling
+    def __init__(self, cfg: Profiling, dump: str, rank: int, last_step_done: int) -> None:
         self.freq, self.rank, self.step_done = cfg.profile_freq, rank, last_step_done
-        dump = job_config.job.dump_folder
         self.trace_folder = os.path.join(dump, cfg.save_traces_folder)
         self.snapshot_folder = os.path.join(dump, cfg.save_memory_snapshot_folder)
         self.torch_profiler = self._start_profiler(cfg) if cfg.enable_profiling else None
@@ -80,7 +79,10 @@ class StepProfiler:
         profiler.export_chrome_trace(path)
         logger.info(f"Profiler trace written to {path} in {time.perf_counter() - t0:.2f}s")
 
-    def step(self, step: int) -> None:
+    def before_step(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
         self.step_done = step
         if self.torch_profiler is not None:
             self.torch_profiler.step()
@@ -105,9 +107,11 @@ class StepProfiler:
 
 
 @contextlib.contextmanager
-def profiled_steps(job_config: JobConfig, rank: int, last_step_done: int) -> Iterator[StepProfiler]:
+def profiled_steps(
+    cfg: Profiling, dump_folder: str, rank: int, last_step_done: int
+) -> Iterator[StepProfiler]:
     """The training loop runs inside: a step that runs out of CUDA memory leaves a snapshot."""
-    profiler = StepProfiler(job_config, rank, last_step_done)
+    profiler = StepProfiler(cfg, dump_folder, rank, last_step_done)
     try:
         yield profiler
     except torch.OutOfMemoryError:

@@ -18,7 +18,7 @@ import importlib.util
 import torch
 import torch.nn as nn
 
-from torchtitan.config.schema import JobConfig
+from torchtitan.config.schema import Float8
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.errors import ConfigError
 from torchtitan.observability.log import logger
@@ -27,25 +27,25 @@ CONVERTERS = ("float8",)
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 
 
-def check_converters(job_config: JobConfig, device_type: str) -> None:
+def check_converters(converters: list[str], f8: Float8, device_type: str) -> None:
     """Raise ConfigError unless every ``model.converters`` entry can run on ``device_type``
     (this machine's, or the CUDA target a job is checked for from a machine without a GPU).
 
     Any ``tp`` degree works: tensor parallel takes torchao's float8 styles with the tensorwise
     recipe and the plain ones with rowwise recipes (``distributed.tensor_parallel.apply_tp``).
     """
-    for name in job_config.model.converters:
+    for name in converters:
         if name not in CONVERTERS:
             raise ConfigError(
                 f"model.converters: unknown converter '{name}'; valid: {', '.join(CONVERTERS)}"
             )
-    if "float8" not in job_config.model.converters:
+    if "float8" not in converters:
         return
     if importlib.util.find_spec("torchao") is None:
         raise ConfigError(
             "model.converters: float8 needs torchao, which is not installed: pip install torchao"
         )
-    if device_type == "cuda" and torch.cuda.is_available() and not job_config.float8.emulate:
+    if device_type == "cuda" and torch.cuda.is_available() and not f8.emulate:
         major, minor = torch.cuda.get_device_capability()
         if (major, minor) < (8, 9):
             raise ConfigError(
@@ -58,7 +58,6 @@ def check_converters(job_config: JobConfig, device_type: str) -> None:
             f"or a torch whose CPU build has float8 matmuls (torch._scaled_mm); this {device_type} "
             f"with torch {torch.__version__} has neither: remove 'float8' from model.converters"
         )
-    f8 = job_config.float8
     if f8.recipe_name != "tensorwise" and f8.enable_fsdp_float8_all_gather:
         raise ConfigError(
             f"float8.enable_fsdp_float8_all_gather: needs float8.recipe_name = 'tensorwise' "
@@ -71,14 +70,14 @@ def check_converters(job_config: JobConfig, device_type: str) -> None:
         )
 
 
-def tensorwise_tp(job_config: JobConfig) -> bool:
+def tensorwise_tp(converters: list[str], f8: Float8) -> bool:
     """Whether tensor parallel should use torchao's float8 styles (float8 all-gathers).
 
     Only with the tensorwise recipe: its one dynamic scale per tensor is what torchao's float8 TP
     styles compute across the shards. Rowwise recipes keep the plain TP styles, so activations
     are all-gathered in high precision and each ``Float8Linear`` casts its own DTensor inputs.
     """
-    return "float8" in job_config.model.converters and job_config.float8.recipe_name == "tensorwise"
+    return "float8" in converters and f8.recipe_name == "tensorwise"
 
 
 def is_float8_linear(module: nn.Module) -> bool:
@@ -159,10 +158,9 @@ def cpu_float8_matmul_works() -> bool:
     return True
 
 
-def _float8_config(job_config: JobConfig):
+def _float8_config(f8: Float8):
     from torchao.float8 import Float8LinearConfig
 
-    f8 = job_config.float8
     if f8.recipe_name == "tensorwise":
         return Float8LinearConfig(
             enable_fsdp_float8_all_gather=f8.enable_fsdp_float8_all_gather, emulate=f8.emulate
@@ -172,13 +170,13 @@ def _float8_config(job_config: JobConfig):
     )
 
 
-def apply_converters(model: nn.Module, job_config: JobConfig) -> None:
+def apply_converters(model: nn.Module, converters: list[str], f8: Float8) -> None:
     """Swap modules in place as ``model.converters`` asks (checked earlier by preflight)."""
-    if "float8" not in job_config.model.converters:
+    if "float8" not in converters:
         return
     from torchao.float8 import convert_to_float8_training
 
-    skip = set(job_config.float8.filter_fqns)
+    skip = set(f8.filter_fqns)
 
     def keep(module: nn.Module, fqn: str) -> bool:
         # float8 matmuls need both dimensions divisible by 16; the output layer stays high precision
@@ -186,10 +184,10 @@ def apply_converters(model: nn.Module, job_config: JobConfig) -> None:
             return False
         return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
-    convert_to_float8_training(model, config=_float8_config(job_config), module_filter_fn=keep)
+    convert_to_float8_training(model, config=_float8_config(f8), module_filter_fn=keep)
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     logger.info(
-        f"Float8 training ({job_config.float8.recipe_name} scaling) on {n} linear layers; "
+        f"Float8 training ({f8.recipe_name} scaling) on {n} linear layers; "
         f"skipped: {', '.join(sorted(skip)) or 'none'}"
     )
     if dist_utils.device_type != "cuda":
@@ -199,10 +197,9 @@ def apply_converters(model: nn.Module, job_config: JobConfig) -> None:
         )
 
 
-def after_optimizer_step(model_parts: list[nn.Module], job_config: JobConfig) -> None:
+def after_optimizer_step(model_parts: list[nn.Module], converters: list[str], f8: Float8) -> None:
     """With float8 FSDP all-gather, compute the next step's weight scales in one fused pass."""
-    f8 = job_config.float8
-    if "float8" in job_config.model.converters and f8.precompute_float8_dynamic_scale_for_fsdp:
+    if "float8" in converters and f8.precompute_float8_dynamic_scale_for_fsdp:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         for part in model_parts:

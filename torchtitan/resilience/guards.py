@@ -1,32 +1,30 @@
-"""Guards that stop a run before a bad step is applied or saved."""
+"""Guards that judge a step before its update is applied or saved: a non-finite gradient norm
+stops the run, a loss spike skips the update (and too many in a row stop it). Each returns a
+:class:`~torchtitan.resilience.verdict.Verdict`; the loop acts on it."""
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Any
 
 import torch
 
-from torchtitan.errors import TrainingDiverged
 from torchtitan.observability.log import logger
+from torchtitan.resilience.verdict import GO_ON, SKIP_UPDATE, Action, Verdict
 
 
-def stop_if_diverged(
-    step: int, loss: torch.Tensor, grad_norm: torch.Tensor, checkpointer: Any
-) -> None:
+def finite_verdict(step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> Verdict:
     """A non-finite gradient norm stops training before the optimizer step, so nothing from this
     step on is saved. The norm is already reduced over every rank and a non-finite loss on any
     rank makes it non-finite, so every rank decides alike with no collective: one host sync."""
     if torch.isfinite(grad_norm).item():
-        return
-    checkpointer.close()  # a background save of an earlier, good step is finished and marked
-    newest = checkpointer.newest_complete()
-    raise TrainingDiverged(
-        f"step {step}: not finite: loss {float(loss):.6g} (this rank), gradient norm "
+        return GO_ON
+    return Verdict(
+        Action.STOP,
+        reason=f"step {step}: not finite: loss {float(loss):.6g} (this rank), gradient norm "
         f"{float(grad_norm):.6g}; training stopped before this step's optimizer step and nothing "
-        f"from it on is saved (newest checkpoint: {newest or 'none'}). Lower optimizer.lr or "
-        "raise lr_scheduler.warmup_steps, then resume"
+        "from it on is saved",
+        advice="Lower optimizer.lr or raise lr_scheduler.warmup_steps, then resume",
     )
 
 
@@ -37,7 +35,7 @@ class LossSpikeGuard:
     ``zscore`` standard deviations (taken as at least 1% of the mean) above the mean of the last
     ``window`` accepted steps, once
     ``warmup`` steps have been accepted; a spike is not added to that history. After
-    ``max_consecutive`` spikes in a row the run stops (:class:`TrainingDiverged`): the model has
+    ``max_consecutive`` spikes in a row the verdict is a stop (``TrainingDiverged``): the model has
     moved somewhere its data keeps surprising it, which skipping cannot mend.
     """
 
@@ -48,10 +46,11 @@ class LossSpikeGuard:
         self.consecutive = 0
         self.skipped = 0  # in this run
 
-    def skips(self, step: int, loss: float, position: str, checkpointer: Any) -> bool:
-        """Whether ``step``'s update is skipped; logs the spike with the batch's ``position``."""
+    def verdict(self, step: int, loss: float, position: str) -> Verdict:
+        """Go on, skip ``step``'s update (the spike is logged with the batch's ``position``), or
+        stop after too many spikes in a row."""
         if not self.enabled:
-            return False
+            return GO_ON
         if len(self.history) >= self.warmup:
             mean = statistics.fmean(self.history)
             # at least 1% of the mean: on a flat stretch a tiny deviation would make noise a spike
@@ -66,21 +65,20 @@ class LossSpikeGuard:
                     f"({self.skipped} skipped in this run); the batch: {position}"
                 )
                 if self.consecutive >= self.max_consecutive:
-                    self._stop(step, checkpointer)
-                return True
+                    return self._stop(step)
+                return SKIP_UPDATE
         self.consecutive = 0
         self.history.append(loss)
-        return False
+        return GO_ON
 
-    def _stop(self, step: int, checkpointer: Any) -> None:
-        checkpointer.close()  # a background save of an earlier, accepted step is marked complete
+    def _stop(self, step: int) -> Verdict:
         first = step - self.consecutive + 1
-        error = TrainingDiverged(
-            f"steps {first}-{step}: {self.consecutive} loss spikes in a row "
+        return Verdict(
+            Action.STOP,
+            reason=f"steps {first}-{step}: {self.consecutive} loss spikes in a row "
             f"(resilience.loss_spike_max_consecutive = {self.max_consecutive}); training stopped "
-            f"and nothing from these steps is saved (newest checkpoint: "
-            f"{checkpointer.newest_complete() or 'none'}). Look at those batches (logged above), "
-            "lower optimizer.lr, or raise resilience.loss_spike_zscore, then resume"
+            "and nothing from these steps is saved",
+            advice="Look at those batches (logged above), lower optimizer.lr, or raise "
+            "resilience.loss_spike_zscore, then resume",
+            names_rank=False,  # every rank judges the same loss (averaged over ranks)
         )
-        error.names_rank = False  # every rank judges the same loss (averaged over ranks)
-        raise error

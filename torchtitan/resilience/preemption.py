@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 
 from torchtitan.errors import TorchTitanError
+from torchtitan.observability.log import logger
+from torchtitan.resilience.verdict import GO_ON, Action, Verdict
 
 PREEMPTED_EXIT_CODE = 160
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a Ctrl-C
@@ -113,3 +115,25 @@ class Preemption:
             self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True
         )
         return stop
+
+    def verdict(self, step: int) -> Verdict:
+        """At the boundary after ``step``: go on, or stop after saving this step (every rank
+        agrees; exit code 160 for a preemption, 130 for Ctrl-C)."""
+        if (sig := self.agreed()) is None:
+            return GO_ON
+        ctrl_c = self.is_ctrl_c(sig)
+        what = "Ctrl-C (again: stop at once, without saving)" if ctrl_c else sig.name
+        logger.warning(f"{what} received: saving step {step} before stopping")
+        if ctrl_c:
+            reason, advice, error = (
+                f"stopped by Ctrl-C after step {step}",
+                "run the same command to resume",
+                Interrupted,
+            )
+        else:
+            reason, advice, error = (
+                f"preempted by {sig.name} after step {step}",
+                "start the job again to resume",
+                Preempted,
+            )
+        return Verdict(Action.STOP, reason, advice, save=True, error=error)

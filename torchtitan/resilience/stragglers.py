@@ -23,6 +23,7 @@ from __future__ import annotations
 import socket
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -83,11 +84,18 @@ def straggler_line(
 
 
 class StragglerReport:
-    """``begin(step)`` and ``end(step, data_wait_s)`` around each training step, on the training
-    thread; ``report(step)`` at each log step, on every rank (a collective)."""
+    """A step hook: ``before_step(step)`` and ``after_step(step)`` around each training step, on
+    the training thread; ``report(step)`` at each log step, on every rank (a collective), ends the
+    step's measurement first. ``data_wait()`` gives the step's wait for its batches."""
 
     def __init__(
-        self, threshold: float, *, rank: int, world_size: int, device: torch.device
+        self,
+        threshold: float,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        data_wait: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.threshold, self.rank, self.device = threshold, rank, device
         self.world_size = world_size
@@ -97,14 +105,24 @@ class StragglerReport:
         self._start: tuple[float, float] = (0.0, 0.0)
         self._first_step: int | None = None  # of the interval, None until a step counted
         self._totals = [0.0, 0.0, 0.0]  # busy, data wait, wall
+        self.data_wait = data_wait
+        self._begun: int | None = None  # the step being measured
+        self._ended: int | None = None  # the last step measured
 
-    def begin(self, step: int) -> None:
+    def before_step(self, step: int) -> None:
         if self.enabled:
             self._start = (busy_seconds(), time.perf_counter())
+            self._begun = step
+
+    def after_step(self, step: int) -> None:
+        """Ends the step's measurement, unless its report did."""
+        if self.enabled and self._ended != step:
+            self.end(step, self.data_wait())
 
     def end(self, step: int, data_wait_s: float) -> None:
         if not self.enabled:
             return
+        self._ended = step
         if not self._seen_first:
             self._seen_first = True
             return
@@ -116,6 +134,8 @@ class StragglerReport:
     def report(self, step: int) -> dict[str, float]:
         """Every rank's numbers since the last report (one all_gather); rank 0 logs the line
         if the slowest is over the threshold. The spread, or {} (off, one rank, no step)."""
+        if self.enabled and self._begun == step and self._ended != step:
+            self.end(step, self.data_wait())
         if not self.enabled or self._first_step is None:
             return {}
         rows = self._gather(torch.tensor(self._totals, dtype=torch.float64)).tolist()

@@ -70,11 +70,11 @@ class HangWatchdog:
             self._thread = threading.Thread(target=self._watch, name="hang-watchdog", daemon=True)
             self._thread.start()
 
-    def begin(self, step: int) -> None:
+    def before_step(self, step: int) -> None:
         with self._lock:
             self._step, self._started = step, time.monotonic()
 
-    def end(self, step: int) -> None:
+    def after_step(self, step: int) -> None:
         with self._lock:
             took = time.monotonic() - self._started
             self._step = None

@@ -17,12 +17,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torchtitan.checkpoint import CheckpointManager, TrainState
-from torchtitan.checkpoint.hf_exchange import HFExchange
+from torchtitan.checkpoint.hf_exchange import HFExchange, hf_load_source
 from torchtitan.checkpoint.mismatch import run_facts
 from torchtitan.config.schema import JobConfig
-from torchtitan.data import build_hf_dataloader
 from torchtitan.data import tokenizer as tokenizers
 from torchtitan.data.hf_tokenizer import write_tokenizer_files
+from torchtitan.data.loader import DataSpec, build_hf_dataloader
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.parallelize import parallelize_decoder
 from torchtitan.distributed.param_init import layout_invariant_init
@@ -34,7 +34,7 @@ from torchtitan.observability.log import logger
 from torchtitan.optim import optimizers
 from torchtitan.optim.lr_scheduling import build_lr_scheduler
 from torchtitan.optim.param_groups import check_and_log
-from torchtitan.quantization.float8 import apply_converters
+from torchtitan.quantization.float8 import apply_converters, tensorwise_tp
 from torchtitan.train import runtime
 from torchtitan.train.loss import build_loss_fn
 from torchtitan.train.plan import JobPlan, check_vocab, plan_job
@@ -112,22 +112,25 @@ def dataloader_for(
     """The training loader of data-parallel rank ``dp_rank`` of ``dp_world_size`` (the
     benchmarks build any rank's without processes)."""
     t = job_config.training
-    return build_hf_dataloader(
+    data = DataSpec(
         dataset=t.dataset,
         dataset_path=t.dataset_path,
-        tokenizer=tokenizer,
-        local_batch_size=t.local_batch_size,
-        global_batch_size=global_batch_size,
-        seq_len=t.seq_len,
-        dp_rank=dp_rank,
-        dp_world_size=dp_world_size,
+        datasets=t.datasets,
         text_field=t.dataset_text_field,
         streaming=t.dataset_streaming,
         seed=t.data_seed,
         shuffle=t.shuffle,
         shuffle_buffer=t.shuffle_buffer,
-        datasets=t.datasets,
         mask_document_starts=t.mask_document_starts,
+    )
+    return build_hf_dataloader(
+        data,
+        tokenizer,
+        local_batch_size=t.local_batch_size,
+        seq_len=t.seq_len,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        global_batch_size=global_batch_size,
     )
 
 
@@ -136,19 +139,22 @@ def build_validation_loader(job_config: JobConfig, rt: Runtime, tokenizer: Any) 
     v, t = job_config.validation, job_config.training
     if not v.enable:
         return None
-    return build_hf_dataloader(
+    data = DataSpec(
         dataset=v.dataset,
         dataset_path=v.dataset_path,
-        tokenizer=tokenizer,
+        datasets=v.datasets,
+        split="validation",
+        section="validation",
+        mask_document_starts=t.mask_document_starts,
+    )
+    return build_hf_dataloader(
+        data,
+        tokenizer,
         local_batch_size=v.local_batch_size or t.local_batch_size,
         seq_len=v.seq_len or t.seq_len,
         dp_rank=rt.dims.dp_rank,
         dp_world_size=rt.dims.dp,
         infinite=False,
-        split="validation",
-        section="validation",
-        datasets=v.datasets,
-        mask_document_starts=t.mask_document_starts,
     )
 
 
@@ -195,7 +201,8 @@ def build_model(
         f"Model {m.name} {m.flavor}{cut}: {nparams:,} parameters{active}, {flops_per_token:,} training "
         f"FLOPs per token (seq_len {t.seq_len}), vocab {args.vocab_size}"
     )
-    apply_converters(model, job_config)  # e.g. float8 linears, before any sharding
+    # e.g. float8 linears, before any sharding
+    apply_converters(model, job_config.model.converters, job_config.float8)
     if m.print_after_conversion:
         logger.info(f"Model after model.converters:\n{model}")
     if on_meta is not None:
@@ -205,9 +212,13 @@ def build_model(
         stages[index] = parallelize_decoder(
             part,
             rt.dims,
-            job_config,
-            dist_utils.device_type,
             block_plan=spec.block_plan or decoder_block_plan,
+            device_type=dist_utils.device_type,
+            parallelism=job_config.parallelism,
+            ac=job_config.activation_checkpoint,
+            compile=job_config.compile,
+            training=job_config.training,
+            float8_tensorwise=tensorwise_tp(job_config.model.converters, job_config.float8),
         )
         if materialize:
             _materialize(stages[index], rt.device, rt.seed)
@@ -286,7 +297,9 @@ def build_checkpointer(
     """The checkpoint manager over everything a resume needs, with the family's Hugging Face
     adapter from its model spec."""
     return CheckpointManager(
-        job_config,
+        job_config.checkpoint,
+        dump_folder=job_config.job.dump_folder,
+        total_steps=job_config.training.steps,
         model_parts=model.parts,
         optimizers=optimizer,
         lr_schedulers=lr_scheduler,
@@ -301,6 +314,7 @@ def build_checkpointer(
             export_tokenizer=write_tokenizer_files,
             pp_rank=rt.dims.pp_rank,
             pp_degree=rt.dims.pp,
+            load_source=hf_load_source(job_config.checkpoint, job_config.model),
         ),
         run_facts=run_facts(
             global_batch_size=rt.plan.global_batch_size,

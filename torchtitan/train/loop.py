@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -23,14 +23,24 @@ from torchtitan.observability.metrics import MetricsProcessor, mean_over
 from torchtitan.observability.profiling import profiled_steps
 from torchtitan.observability.run_summary import Summary, summary_lines
 from torchtitan.quantization import float8
-from torchtitan.resilience.guards import LossSpikeGuard, stop_if_diverged
-from torchtitan.resilience.preemption import Interrupted, Preempted, Preemption
+from torchtitan.resilience.guards import LossSpikeGuard, finite_verdict
+from torchtitan.resilience.preemption import Preemption
 from torchtitan.resilience.stragglers import StragglerReport
+from torchtitan.resilience.verdict import GO_ON, Action, Verdict
 from torchtitan.resilience.watchdog import HangWatchdog
 from torchtitan.train import runtime
 from torchtitan.train.builders import Runtime
 from torchtitan.train.step import StepRunner
 from torchtitan.train.validation import Validator
+
+
+class StepHook(Protocol):
+    """Runs around every training step: the garbage collection, the hang watchdog, the
+    straggler report and the profiler."""
+
+    def before_step(self, step: int) -> None: ...
+
+    def after_step(self, step: int) -> None: ...
 
 
 @dataclass(kw_only=True)
@@ -116,6 +126,7 @@ class Loop:
             rank=self.rt.rank,
             world_size=self.rt.world_size,
             device=self.rt.device,
+            data_wait=lambda: self.metrics.data_loading_times[-1],
         )
 
     @cached_property
@@ -147,35 +158,65 @@ class Loop:
 
     def _run_steps(self, data_iter: Any, startup: runtime.StartupTimer | None, first: int) -> None:
         t = self.job_config.training
-        gc_handler = runtime.GarbageCollection(t.gc_freq)
         with (
             self.preemption,
             self.hang_watchdog() as watchdog,
-            profiled_steps(self.job_config, self.rt.rank, first - 1) as profiler,
+            profiled_steps(
+                self.job_config.profiling, self.job_config.job.dump_folder, self.rt.rank, first - 1
+            ) as profiler,
         ):
+            hooks: list[StepHook] = [
+                runtime.GarbageCollection(t.gc_freq),
+                watchdog,
+                self.stragglers,
+                profiler,
+            ]
             for step in range(first, t.steps + 1):
-                gc_handler.run(step)
-                watchdog.begin(step)
-                self.stragglers.begin(step)
+                for hook in hooks:
+                    hook.before_step(step)
                 loss, grad_norm = self.step(data_iter)
-                stop_if_diverged(step, loss, grad_norm, self.checkpointer)
-                lr = self.optimizer_step(step, skip=self.skips_update(step, loss))
-                self.stragglers.end(step, data_wait_s=self.metrics.data_loading_times[-1])
+                self.act(step, finite_verdict(step, loss, grad_norm))
+                skip = self.act(step, self.spike_verdict(step, loss))
+                lr = self.optimizer_step(step, skip=skip)
                 if self.metrics.should_log(step) or step == t.steps:  # the last step always
                     self.log(step, loss, grad_norm, lr)
-                watchdog.end(step)
+                for hook in hooks:
+                    hook.after_step(step)
                 if self.validator is not None and self.validator.due(step):
                     self.metrics.log_validation(step, *self.validator.run())
                 if not self.spike_guard.consecutive or step == t.steps:  # not amid spikes
                     self.checkpointer.maybe_save(step)
                 if step < t.steps:
-                    self.stop_if_preempted(step)
-                profiler.step(step)
+                    self.act(step, self.preemption.verdict(step))
                 if startup is not None:  # first step of this run (compilation happens here)
                     dist_utils.set_train_timeout(self.job_config.comm)
                     startup.lap("first step")
                     logger.info(startup.summary())
                     startup = None
+
+    def act(self, step: int, verdict: Verdict) -> bool:
+        """What the loop does with a guard's verdict: whether to skip this step's update; a stop
+        saves this step (preemption, Ctrl-C) or closes the checkpointer with nothing from this
+        step on saved (divergence), then raises the verdict's error, one line."""
+        if not verdict.stops:
+            return verdict.action is Action.SKIP_UPDATE
+        if verdict.save:
+            path = self.checkpointer.save_before_exit(step)
+            if path:
+                saved = f"saved to {path}"
+            elif self.job_config.checkpoint.enable:
+                saved = "its save failed (see the log), the newest complete checkpoint stays"
+            else:
+                saved = "nothing saved (checkpoint.enable is false)"
+            resumable = path or self.job_config.checkpoint.enable
+            message = f"{verdict.reason}: {saved}" + (f"; {verdict.advice}" if resumable else "")
+        else:
+            self.checkpointer.close()  # a background save of an earlier step is written, marked
+            newest = self.checkpointer.newest_complete() or "none"
+            message = f"{verdict.reason} (newest checkpoint: {newest}). {verdict.advice}"
+        error = verdict.error(message)
+        error.names_rank = verdict.names_rank
+        raise error
 
     def log(
         self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: dict[str, float]
@@ -195,38 +236,16 @@ class Loop:
             self._mean_loss = (step, mean_over(loss, self.rt.dims.loss_mesh))
         return self._mean_loss[1]
 
-    def skips_update(self, step: int, loss: torch.Tensor) -> bool:
-        """Whether the loss spike guard skips this step's update (the loss over every rank)."""
+    def spike_verdict(self, step: int, loss: torch.Tensor) -> Verdict:
+        """The loss spike guard's verdict on this step (the loss over every rank)."""
         if not self.spike_guard.enabled:
-            return False
+            return GO_ON
         batch = self.rt.plan.global_batch_size
         position = (
             f"global batch {step} of the data stream: its sequences {(step - 1) * batch}"
             f"-{step * batch - 1}, after {self.train_state.ntokens_seen:,} tokens"
         )
-        return self.spike_guard.skips(step, self.mean_loss(step, loss), position, self.checkpointer)
-
-    def stop_if_preempted(self, step: int) -> None:
-        """After a stop signal or Ctrl-C reached any rank, every rank saves this step and exits
-        (code 160 for a preemption, 130 for Ctrl-C)."""
-        if (sig := self.preemption.agreed()) is None:
-            return
-        ctrl_c = self.preemption.is_ctrl_c(sig)
-        what = "Ctrl-C (again: stop at once, without saving)" if ctrl_c else sig.name
-        logger.warning(f"{what} received: saving step {step} before stopping")
-        path = self.checkpointer.save_before_exit(step)
-        if path:
-            saved = f"saved to {path}"
-        elif self.job_config.checkpoint.enable:
-            saved = "its save failed (see the log), the newest complete checkpoint stays"
-        else:
-            saved = "nothing saved (checkpoint.enable is false)"
-        if ctrl_c:
-            resume = "; run the same command to resume" if path else ""
-            raise Interrupted(f"stopped by Ctrl-C after step {step}: {saved}{resume}")
-        raise Preempted(
-            f"preempted by {sig.name} after step {step}: {saved}; start the job again to resume"
-        )
+        return self.spike_guard.verdict(step, self.mean_loss(step, loss), position)
 
     def step(self, data_iter: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward over the accumulation steps: (summed loss, clipped grad norm).
@@ -259,7 +278,9 @@ class Loop:
             self.optimizer.step()
             if self.expert_load:  # the routing biases move with the step's load
                 self.expert_load.end_step()
-            float8.after_optimizer_step(self.parts, self.job_config)
+            float8.after_optimizer_step(
+                self.parts, self.job_config.model.converters, self.job_config.float8
+            )
             self.lr_scheduler.step()
         tokens = self.rt.plan.global_batch_size * self.job_config.training.seq_len
         self.train_state.step = step

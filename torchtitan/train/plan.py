@@ -295,7 +295,7 @@ def _check_device_features(job_config: JobConfig, device_type: str) -> None:
     """Features that need CUDA GPUs fail here, on a CPU machine, with the key that asked for them."""
     p = job_config.parallelism
     tp = p.tensor_parallel_degree
-    check_converters(job_config, device_type)
+    check_converters(job_config.model.converters, job_config.float8, device_type)
     _check_norm_type(job_config.model.norm_type, device_type)
     if job_config.parallelism.enable_async_tensor_parallel:
         key = "parallelism.enable_async_tensor_parallel"

@@ -52,9 +52,12 @@ class GarbageCollection:
         gc.disable()
         gc.collect(1)
 
-    def run(self, step: int) -> None:
+    def before_step(self, step: int) -> None:
         if step > 1 and step % self.freq == 0:
             gc.collect(1)
+
+    def after_step(self, step: int) -> None:
+        pass
 
 
 def process_age() -> float:

@@ -32,7 +32,7 @@ from torchtitan.train.loss import LossFn, loss_context
 
 def autocast_for(job_config: JobConfig, dims: ParallelDims) -> contextlib.AbstractContextManager:
     """Without FSDP (whose policy casts parameters), mixed precision on GPU comes from autocast."""
-    dtype = param_dtype(job_config, device_type)
+    dtype = param_dtype(job_config.training, device_type)
     if device_type == "cuda" and dtype != torch.float32 and not dims.uses_fully_shard:
         return torch.autocast("cuda", dtype=dtype)
     return contextlib.nullcontext()

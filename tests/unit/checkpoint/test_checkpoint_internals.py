@@ -304,20 +304,23 @@ def test_retention_compares_whole_paths(tmp_path, monkeypatch):
 
 def test_hf_load_source_precedence():
     cfg = JobConfig()
-    assert hf_load_source(cfg) is None
+    assert hf_load_source(cfg.checkpoint, cfg.model) is None
     cfg.model.hf_assets_path = "assets/hf/Llama-3.2-1B"
-    assert hf_load_source(cfg) == ("assets/hf/Llama-3.2-1B", "model.hf_assets_path")
+    assert hf_load_source(cfg.checkpoint, cfg.model) == (
+        "assets/hf/Llama-3.2-1B",
+        "model.hf_assets_path",
+    )
     cfg.checkpoint.initial_load_path = "weights"
-    assert hf_load_source(cfg) == ("weights", "checkpoint.initial_load_path")
+    assert hf_load_source(cfg.checkpoint, cfg.model) == ("weights", "checkpoint.initial_load_path")
     cfg.model.hf_assets_path = None
-    assert hf_load_source(cfg) == ("weights", "checkpoint.initial_load_path")
+    assert hf_load_source(cfg.checkpoint, cfg.model) == ("weights", "checkpoint.initial_load_path")
     cfg.checkpoint.initial_load_path = ""  # empty: unset
-    assert hf_load_source(cfg) is None
+    assert hf_load_source(cfg.checkpoint, cfg.model) is None
     # a model config without the key at all
     bare = types.SimpleNamespace(
         checkpoint=types.SimpleNamespace(initial_load_path=None), model=types.SimpleNamespace()
     )
-    assert hf_load_source(bare) is None
+    assert hf_load_source(bare.checkpoint, bare.model) is None
 
 
 def test_a_family_without_an_adapter_is_named_by_the_key():
@@ -472,7 +475,9 @@ def _manager(tmp_path: Path, value: float, **checkpoint) -> tuple[CheckpointMana
         for p in model.parameters():
             p.fill_(value)
     manager = CheckpointManager(
-        cfg,
+        cfg.checkpoint,
+        dump_folder=cfg.job.dump_folder,
+        total_steps=cfg.training.steps,
         model_parts=[model],
         optimizers=_Stateful(value),
         lr_schedulers=_Stateful(value),

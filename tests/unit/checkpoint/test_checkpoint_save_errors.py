@@ -66,7 +66,9 @@ def _manager(tmp_path: Path, **checkpoint) -> CheckpointManager:
     for k, v in checkpoint.items():
         setattr(cfg.checkpoint, k, v)
     return CheckpointManager(
-        cfg,
+        cfg.checkpoint,
+        dump_folder=cfg.job.dump_folder,
+        total_steps=cfg.training.steps,
         model_parts=[nn.Linear(16, 16)],  # a data file of about 17 kB: over the limit below
         optimizers=_Stateful(),
         lr_schedulers=_Stateful(),

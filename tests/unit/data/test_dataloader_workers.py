@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from loaders import build_loader
 from offline_data import ByteTokenizer, use_offline_caches
 
-from torchtitan.data import build_hf_dataloader
 from torchtitan.data.workers import WorkerLoader
 from torchtitan.errors import ConfigError, DataError
 
@@ -47,7 +47,7 @@ def _build(path: Path, **kw):
         global_batch_size=8,
         dp_world_size=2,
     )
-    return build_hf_dataloader(**(args | kw))
+    return build_loader(**(args | kw))
 
 
 def _take(loader, n: int) -> list:

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 import torch
 from datasets.distributed import split_dataset_by_node
+from loaders import build_loader
 from offline_data import ByteTokenizer, use_offline_caches
 from repo_paths import TIKTOKEN_PATH as TOKENIZER_ASSET
 
-from torchtitan.data import build_hf_dataloader, sources
+from torchtitan.data import sources
 from torchtitan.data.batch import Batch
 from torchtitan.data.sources import DATASETS
 from torchtitan.data.token_windows import ShardPermutations, epoch_permutation
@@ -82,7 +83,7 @@ def build(path, **kw):
         seq_len=5,
     )
     args.update(kw)
-    return build_hf_dataloader(**args)
+    return build_loader(**args)
 
 
 def take(it, n: int) -> list[Batch]:
@@ -272,7 +273,7 @@ def test_text_field_option(tmp_path):
 
 
 def test_named_debug_dataset(torchtitan_cache):
-    loader = build_hf_dataloader(
+    loader = build_loader(
         dataset="python_docs",
         dataset_path=None,
         tokenizer=TOK,
@@ -302,7 +303,7 @@ def test_registry_hub_entries_call_load_dataset(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sources, "load_dataset", fake_load_dataset)
     for name in ("c4", "c4_validation", "fineweb_edu"):
-        loader = build_hf_dataloader(
+        loader = build_loader(
             dataset=name, dataset_path=None, tokenizer=TOK, local_batch_size=1, seq_len=4
         )
         assert loader.streaming and loader.text_field == "text"
@@ -461,9 +462,7 @@ def test_state_dict_format_is_small_and_keyed_by_rank(tmp_path):
 
 def test_unknown_dataset_name():
     with pytest.raises(ConfigError) as e:
-        build_hf_dataloader(
-            dataset="c5", dataset_path=None, tokenizer=TOK, local_batch_size=1, seq_len=4
-        )
+        build_loader(dataset="c5", dataset_path=None, tokenizer=TOK, local_batch_size=1, seq_len=4)
     msg = str(e.value)
     assert "training.dataset" in msg and "'c5'" in msg
     assert all(name in msg for name in ("c4", "c4_validation", "fineweb_edu", "python_docs"))
@@ -573,7 +572,7 @@ def test_state_from_other_streaming_mode(tmp_path):
 def test_real_tokenizer_on_the_debug_corpus():
     tokenizer_mod = pytest.importorskip("torchtitan.data.tokenizer")
     tokenizer = tokenizer_mod.build_tokenizer(str(TOKENIZER_ASSET))
-    loader = build_hf_dataloader(
+    loader = build_loader(
         dataset="python_docs",
         dataset_path=None,
         tokenizer=tokenizer,
@@ -589,7 +588,7 @@ def test_real_tokenizer_on_the_debug_corpus():
     assert stream[0] == tokenizer.bos_id
     assert any(c.isalpha() for c in tokenizer.decode(stream))
     state = roundtrip(loader.state_dict())
-    resumed = build_hf_dataloader(
+    resumed = build_loader(
         dataset="python_docs",
         dataset_path=None,
         tokenizer=tokenizer,
@@ -841,7 +840,7 @@ def test_an_unusable_hub_fails_in_seconds_in_one_line(monkeypatch, closed_port, 
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     start = time.monotonic()
     with pytest.raises(ConfigError) as e:
-        build_hf_dataloader(
+        build_loader(
             dataset="c4_validation",
             dataset_path=None,
             tokenizer=TOK,

@@ -18,9 +18,9 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from loaders import build_loader
 from offline_data import ByteTokenizer, use_offline_caches
 
-from torchtitan.data import build_hf_dataloader
 from torchtitan.data.batch import IGNORE_INDEX, Batch, make_batch
 from torchtitan.data.indexed import IndexedWriter
 from torchtitan.data.token_windows import InMemoryDocs, TokenWindows, epoch_permutation
@@ -133,7 +133,7 @@ def text_loader(path: Path, **kw):
     args = dict(
         dataset="local", dataset_path=str(path), tokenizer=TOK, local_batch_size=2, seq_len=SEQ
     )
-    return build_hf_dataloader(**{**args, **kw})
+    return build_loader(**{**args, **kw})
 
 
 # ---- make_batch
@@ -227,7 +227,7 @@ def mixture(tmp_path: Path) -> list[dict]:
 
 
 def mixed(entries: list[dict], **kw):
-    return build_hf_dataloader(
+    return build_loader(
         dataset="python_docs",
         dataset_path=None,
         tokenizer=TOK,

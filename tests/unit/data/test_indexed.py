@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from loaders import build_loader
 
-from torchtitan.data import build_hf_dataloader
 from torchtitan.data.indexed import (
     IndexedCorpus,
     IndexedFile,
@@ -236,7 +236,7 @@ def corpus_folder(tmp_path: Path, n_docs: int = 60, name: str = "corpus") -> Pat
 
 def loader(folder: Path, *, dp: int = 1, rank: int = 0, local: int = 4, gbs: int = 8, **kw):
     kw.setdefault("tokenizer", FakeTokenizer())
-    return build_hf_dataloader(
+    return build_loader(
         dataset="python_docs",
         dataset_path=str(folder),
         local_batch_size=local,
@@ -349,7 +349,7 @@ def test_a_dataset_of_input_ids_is_read_as_stored(tmp_path, hf_offline, streamin
     docs = [d.tolist() for d in random_docs(40)]
     path = tmp_path / "ids.jsonl"
     path.write_text("".join(json.dumps({"input_ids": d, "n": len(d)}) + "\n" for d in docs))
-    ld = build_hf_dataloader(
+    ld = build_loader(
         dataset="python_docs",
         dataset_path=str(path),
         tokenizer=FakeTokenizer(),
@@ -370,7 +370,7 @@ def test_input_ids_outside_the_vocabulary(tmp_path, hf_offline, streaming):
     path.write_text(
         "".join(json.dumps({"input_ids": [1, 2, 3, VOCAB + 5, 4]}) + "\n" for _ in range(3))
     )
-    ld = build_hf_dataloader(
+    ld = build_loader(
         dataset="python_docs",
         dataset_path=str(path),
         tokenizer=FakeTokenizer(),

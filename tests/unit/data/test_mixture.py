@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from loaders import build_loader
 from offline_data import ByteTokenizer, use_offline_caches
 
 from torchtitan.config.parse import parse_args
-from torchtitan.data import build_hf_dataloader
 from torchtitan.data.blend import Blend
 from torchtitan.data.indexed import IndexedWriter
 from torchtitan.data.mixture import mixture_specs, parse_entries
@@ -108,7 +108,7 @@ def three_sources(tmp_path) -> list[dict]:
 
 
 def mixed(entries, *, dp: int = 1, rank: int = 0, local: int = 8):
-    return build_hf_dataloader(
+    return build_loader(
         dataset="python_docs",
         dataset_path=None,
         tokenizer=TOK,
@@ -261,7 +261,7 @@ def test_metrics_show_each_sources_share(caplog):
 
 def test_a_validation_mixture_is_one_pass_that_rewinds(three_sources):
     """Non-infinite (validation): the pass ends when a source runs out, the next one is the same."""
-    ld = build_hf_dataloader(
+    ld = build_loader(
         dataset="python_docs",
         dataset_path=None,
         tokenizer=TOK,

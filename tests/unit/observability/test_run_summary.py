@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from torchtitan.observability.metrics import newest_tb_run
 from torchtitan.observability.run_summary import WINDOW, Progress, Summary, clock, summary_lines
+from torchtitan.observability.sinks import newest_tb_run
 
 
 def test_the_time_left_comes_from_the_recent_steps():

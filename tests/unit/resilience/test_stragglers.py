@@ -73,7 +73,7 @@ def test_the_line_says_data_when_data_wait_is_what_differs():
 def test_off_or_alone_means_no_collective(threshold, world_size, no_collectives):
     report = StragglerReport(threshold, rank=0, world_size=world_size, device=torch.device("cpu"))
     for step in range(1, 6):
-        report.begin(step)
+        report.before_step(step)
         report.end(step, data_wait_s=0.01)
     assert report.report(5) == {}
 
@@ -91,7 +91,7 @@ def _fake_world(report: StragglerReport, rows: list[list[float]], gathered: list
 
 def _steps(report: StragglerReport, steps: range, data_wait_s: float) -> None:
     for step in steps:
-        report.begin(step)
+        report.before_step(step)
         time.sleep(0.001)
         report.end(step, data_wait_s=data_wait_s)
 

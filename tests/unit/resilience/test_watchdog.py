@@ -24,9 +24,9 @@ def _stuck_in_a_collective(seconds: float) -> None:
 
 def _steps(dog: HangWatchdog, first: int, seconds: list[float]) -> None:
     for i, s in enumerate(seconds):
-        dog.begin(first + i)
+        dog.before_step(first + i)
         _stuck_in_a_collective(s)
-        dog.end(first + i)
+        dog.after_step(first + i)
 
 
 def test_a_step_over_the_limit_writes_every_threads_stack_once(tmp_path, warnings_logged):
@@ -126,8 +126,8 @@ def test_the_limit_stays_under_the_collective_timeout_whatever_the_floor(tmp_pat
     with dog:
         assert dog.limit() == pytest.approx(SHARE_OF_TIMEOUT * 600)  # first step, no median yet
         for step in (1, 2, 3):
-            dog.begin(step)
-            dog.end(step)
+            dog.before_step(step)
+            dog.after_step(step)
         assert dog.limit() == pytest.approx(SHARE_OF_TIMEOUT * 12) and SHARE_OF_TIMEOUT < 1
 
 
@@ -137,7 +137,7 @@ def test_stacks_are_written_before_the_timeout_and_the_folder_is_remembered(tmp_
         str(tmp_path), rank=2, factor=10.0, floor_s=60.0, poll_s=0.02, timeouts_s=timeouts
     )
     with dog:
-        dog.begin(1)
+        dog.before_step(1)
         deadline = time.monotonic() + 5
         path = tmp_path / "hangs" / "step-1" / "rank_2.txt"
         while not path.exists() and time.monotonic() < deadline:

@@ -261,11 +261,17 @@ def test_checkpoint_hf_load_source():
     from torchtitan.config.schema import JobConfig
 
     cfg = JobConfig()
-    assert hf_load_source(cfg) is None
+    assert hf_load_source(cfg.checkpoint, cfg.model) is None
     cfg.model.hf_assets_path = "assets/hf/Llama-3.2-1B"
-    assert hf_load_source(cfg) == ("assets/hf/Llama-3.2-1B", "model.hf_assets_path")
+    assert hf_load_source(cfg.checkpoint, cfg.model) == (
+        "assets/hf/Llama-3.2-1B",
+        "model.hf_assets_path",
+    )
     cfg.checkpoint.initial_load_path = "elsewhere"
-    assert hf_load_source(cfg) == ("elsewhere", "checkpoint.initial_load_path")
+    assert hf_load_source(cfg.checkpoint, cfg.model) == (
+        "elsewhere",
+        "checkpoint.initial_load_path",
+    )
 
 
 def test_export_writes_the_tokenizer_files(trained, tmp_path):
