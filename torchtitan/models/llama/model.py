@@ -18,12 +18,12 @@ of ``layers``; :meth:`Transformer.forward` then passes its input through the mis
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from torchtitan.models.common import rope
 from torchtitan.models.common.blocks import (
     FeedForward,
     GroupedQueryAttention,
@@ -109,68 +109,30 @@ class ModelArgs:
 
 
 def rope_inv_freqs(args: ModelArgs, device: torch.device | str | None = None) -> torch.Tensor:
-    """Rotation frequencies (radians per position), shape ``[head_dim // 2]``, float64.
-
-    Pair ``i`` rotates at ``rope_theta ** (-2i / head_dim)``. With ``use_scaled_rope`` the
-    Llama 3.1 rule applies: components whose wavelength is shorter than
-    ``original_max_seq_len / high_freq_factor`` are unchanged, those longer than
-    ``original_max_seq_len / low_freq_factor`` are divided by ``rope_scale_factor``, and the band
-    in between interpolates smoothly (in wavelength-ratio space) between the two.
-    """
-    head_dim = args.head_dim
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim
-    freqs = 1.0 / (args.rope_theta**exponents)
+    """Rotation frequencies (radians per position), shape ``[head_dim // 2]``, float64: pair
+    ``i`` rotates at ``rope_theta ** (-2i / head_dim)``, with ``use_scaled_rope`` the Llama 3.1
+    rule (:func:`~torchtitan.models.common.rope.llama3_scaled`)."""
+    freqs = rope.inv_freqs(args.head_dim, args.rope_theta, device)
     if not args.use_scaled_rope:
         return freqs
-
-    old_len = float(args.rope_original_max_seq_len)
-    low, high, factor = (
+    return rope.llama3_scaled(
+        freqs,
+        args.rope_original_max_seq_len,
         args.rope_low_freq_factor,
         args.rope_high_freq_factor,
         args.rope_scale_factor,
     )
-    wavelen = 2 * math.pi / freqs
-    # smooth = 1 keeps a frequency, smooth = 0 divides it by the factor.
-    smooth = (old_len / wavelen - low) / (high - low)
-    smooth = smooth.clamp(0.0, 1.0)
-    return (1.0 - smooth) * freqs / factor + smooth * freqs
 
 
 def precompute_rope_cache(
     args: ModelArgs, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """Cos/sin table ``[max_seq_len, head_dim // 2, 2]`` (float32) for positions 0..max_seq_len-1:
-    the unit rotations ``exp(i * position * freq)`` as (real, imaginary) pairs (Meta's
-    ``freqs_cis`` seen by ``torch.view_as_real``). A real tensor, so that ``model.to(dtype)``
-    cannot drop its imaginary part.
-
-    Angles are computed in float64 so long contexts keep their precision, then stored as float32.
-    """
-    freqs = rope_inv_freqs(args, device=device)
-    positions = torch.arange(args.max_seq_len, dtype=torch.float64, device=device)
-    angles = torch.outer(positions, freqs)
-    return torch.stack((angles.cos(), angles.sin()), dim=-1).to(torch.float32)
+    """Cos/sin table ``[max_seq_len, head_dim // 2, 2]`` (float32) for positions 0..max_seq_len-1,
+    Meta's interleaved layout (:mod:`torchtitan.models.common.rope`)."""
+    return rope.interleaved_table(rope.angles(rope_inv_freqs(args, device), args.max_seq_len))
 
 
-def apply_rotary_emb(
-    xq: torch.Tensor, xk: torch.Tensor, rope_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate queries and keys ``[B, T, ..., head_dim]`` (position in dim 1, any head dims) by
-    their position (0..T-1).
-
-    Adjacent channels ``(2i, 2i+1)`` form the complex number rotated at frequency ``i`` (Meta's
-    layout): one complex multiply by the cached unit rotation, no per-call stacking. The rotation
-    runs in float32 and the result keeps the input dtype.
-    """
-    # [T, head_dim // 2] complex64: a view of the table, no copy
-    rotation = torch.view_as_complex(rope_cache[: xq.shape[1]].float())
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-        turned = pairs * rotation.view(x.shape[1], *(1,) * (x.ndim - 3), -1)
-        return torch.view_as_real(turned).flatten(-2).type_as(x)
-
-    return rotate(xq), rotate(xk)
+apply_rotary_emb = rope.apply_interleaved
 
 
 # --------------------------------------------------------------------------------------------

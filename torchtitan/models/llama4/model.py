@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchtitan.models.common import rope
 from torchtitan.models.common.blocks import GroupedQueryAttention, TransformerBlock
 from torchtitan.models.common.decoder import Decoder, check_decoder_args
 from torchtitan.models.common.moe import MoEArgs
@@ -105,8 +106,8 @@ def precompute_rope_cache(
     temperature of the NoPE layers)."""
     freqs = rope_inv_freqs(args, device=device)  # float64, with the 3.1 scaling if any
     positions = torch.arange(args.max_seq_len, dtype=torch.float64, device=device)
-    angles = torch.outer(positions, freqs)
-    rotation = torch.stack((angles.cos(), angles.sin()), dim=-1)
+    theta = rope.angles(freqs, args.max_seq_len)
+    rotation = torch.stack((theta.cos(), theta.sin()), dim=-1)
     temperature = 1.0 + args.attn_scale * torch.log1p(
         torch.floor((positions + 1) / args.floor_scale)
     )

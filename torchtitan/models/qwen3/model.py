@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchtitan.models.common import rope
 from torchtitan.models.common.blocks import GroupedQueryAttention, TransformerBlock
 from torchtitan.models.common.decoder import Decoder, check_decoder_args, get_nparams_and_flops
 from torchtitan.models.common.norms.rmsnorm import build_norm
@@ -90,46 +91,18 @@ class Qwen3ModelArgs:
 def rope_inv_freqs(args: Qwen3ModelArgs, device: torch.device | str | None = None) -> torch.Tensor:
     """Rotation frequencies ``rope_theta ** (-2i / head_dim)``, shape ``[head_dim // 2]``,
     float64 (``transformers``' default rope computes the same values in float32)."""
-    exponents = torch.arange(0, args.head_dim, 2, dtype=torch.float64, device=device)
-    return 1.0 / (args.rope_theta ** (exponents / args.head_dim))
+    return rope.inv_freqs(args.head_dim, args.rope_theta, device)
 
 
 def precompute_rope_cache(
     args: Qwen3ModelArgs, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """``[max_seq_len, 2, head_dim]`` float32, position-major (context parallel keeps the rows of
-    the positions a rank holds): row ``[p, 0]`` is ``cos`` of position ``p``'s angles for both
-    halves of a head, row ``[p, 1]`` is ``(-sin, sin)``, so the rotation is two multiplies and an
-    add (:func:`apply_rotary_emb`). Angles in float64, stored as float32.
-    """
-    freqs = rope_inv_freqs(args, device=device)
-    positions = torch.arange(args.max_seq_len, dtype=torch.float64, device=device)
-    angles = torch.outer(positions, freqs)
-    cos, sin = angles.cos(), angles.sin()
-    return torch.stack((torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)), 1).float()
+    """``[max_seq_len, 2, head_dim]`` float32, the half-split layout
+    (:mod:`torchtitan.models.common.rope`)."""
+    return rope.half_split_table(rope.angles(rope_inv_freqs(args, device), args.max_seq_len))
 
 
-def apply_rotary_emb(
-    xq: torch.Tensor, xk: torch.Tensor, rope_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate queries and keys ``[B, T, ..., head_dim]`` (position in dim 1, any head dims) by
-    their position (0..T-1).
-
-    Half-split layout (``transformers``' ``rotate_half``): channel ``i`` and channel
-    ``i + head_dim / 2`` form the pair rotated at frequency ``i``:
-    ``x * cos + swap_halves(x) * (-sin, sin)``. The rotation runs in float32 and the result keeps
-    the input dtype.
-    """
-    table = rope_cache[: xq.shape[1]]  # [T, 2, head_dim]
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        shape = (x.shape[1], *(1,) * (x.ndim - 3), -1)  # broadcast over the head dims
-        cos, signed_sin = table[:, 0].view(shape), table[:, 1].view(shape)
-        x32 = x.float()
-        first, second = x32.chunk(2, dim=-1)
-        return (x32 * cos + torch.cat((second, first), dim=-1) * signed_sin).type_as(x)
-
-    return rotate(xq), rotate(xk)
+apply_rotary_emb = rope.apply_half_split
 
 
 # --------------------------------------------------------------------------------------------
