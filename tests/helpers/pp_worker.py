@@ -21,6 +21,7 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.models.llama.model import ModelArgs, Transformer
 from torchtitan.train.loss import cross_entropy_loss, token_mean
+from torchtitan.train.plan import pipeline_plan
 
 ARGS = ModelArgs(dim=32, n_layers=6, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
 LOCAL_BATCH, SEQ, ACCUM, SEED = 4, 8, 2, 7
@@ -59,7 +60,7 @@ def pipelined(schedule: str, pp: int, rank: int) -> tuple[float, dict[str, torch
     job.parallelism.pipeline_parallel_schedule = schedule
     job.training.local_batch_size = LOCAL_BATCH
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=pp, world_size=pp)
-    plan = pipeline.check_pipeline_config(job, ARGS, dims)
+    plan = pipeline_plan(job, ARGS, dims)
     with torch.device("meta"):
         full = Transformer(ARGS)
     parts = {s: materialized(m) for s, m in pipeline.split_model(full, plan, rank).items()}

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from torchtitan.config.schema import ActivationCheckpoint, Parallelism
 from torchtitan.distributed.utils import full_tensor
 from torchtitan.errors import ConfigError
 
@@ -251,22 +252,23 @@ def _check_microbatches(schedule: str, local_batch: int, mbs: int, num_stages: i
     return n
 
 
-def _check_composes(job_config: Any, schedule: str, key: str = _SCHEDULE) -> None:
+def _check_composes(
+    p: Parallelism,
+    compile_enabled: bool,
+    ac: ActivationCheckpoint,
+    schedule: str,
+    key: str = _SCHEDULE,
+) -> None:
     """Combinations with the other features that cannot work (one-line errors). ``key``: where
     the split backward comes from (the schedule, or a CSV file's I/W actions)."""
     if schedule not in ZERO_BUBBLE and key == _SCHEDULE:
         return
-    what = (
-        schedule
-        if key == _SCHEDULE
-        else f"'{job_config.parallelism.pipeline_parallel_schedule_csv}'"
-    )
-    if job_config.compile.enable:  # compiled blocks fail; a compiled loss alone is untested
+    what = schedule if key == _SCHEDULE else f"'{p.pipeline_parallel_schedule_csv}'"
+    if compile_enabled:  # compiled blocks fail; a compiled loss alone is untested
         raise ConfigError(
             f"{key}: {what} splits backward into input and weight parts, which "
             f"torch.compile does not support; turn compile.enable off or use another schedule"
         )
-    ac = job_config.activation_checkpoint
     if ac.mode == "selective" and ac.selective_ac_option == "op":
         raise ConfigError(
             f"{key}: {what} splits backward into input and weight parts, which "
@@ -275,23 +277,32 @@ def _check_composes(job_config: Any, schedule: str, key: str = _SCHEDULE) -> Non
         )
 
 
-def check_pipeline_config(job_config: Any, model_args: Any, dims: Any) -> PipelinePlan:
-    """Validate the pipeline settings against the model and the parallel layout (a
+def check_pipeline_config(
+    p: Parallelism,
+    model_args: Any,
+    dims: Any,
+    *,
+    local_batch_size: int,
+    compile_enabled: bool,
+    ac: ActivationCheckpoint,
+    model_label: str,
+) -> PipelinePlan:
+    """Validate the ``parallelism`` section's pipeline settings against the model
+    (``model_label``: its name and flavor, for messages) and the parallel layout (a
     ``ParallelDims``): the plan, or a one-line ConfigError naming the key."""
-    p = job_config.parallelism
     pp = dims.pp
     csv_path = p.pipeline_parallel_schedule_csv
     schedule = canonical_schedule(p.pipeline_parallel_schedule, csv_path)
     n_layers = model_args.n_layers
     if getattr(model_args, "tie_word_embeddings", False):
         raise ConfigError(
-            f"{_DEGREE}: {pp} splits the model across stages, but {job_config.model.name} "
-            f"{job_config.model.flavor} ties its input and output embeddings "
+            f"{_DEGREE}: {pp} splits the model across stages, but {model_label} "
+            f"ties its input and output embeddings "
             f"(tie_word_embeddings), which must live on one rank; use 1 or an untied flavor"
         )
     if pp > n_layers:
         raise ConfigError(f"{_DEGREE}: {pp} exceeds the model's {n_layers} layers")
-    _check_composes(job_config, schedule)
+    _check_composes(p, compile_enabled, ac, schedule)
     if p.pipeline_parallel_split_points:
         stage_layers = _stages_at(p.pipeline_parallel_split_points, n_layers, schedule, pp)
         if p.pipeline_parallel_layers_per_stage is not None:
@@ -303,11 +314,11 @@ def check_pipeline_config(job_config: Any, model_args: Any, dims: Any) -> Pipeli
         num = _num_stages(schedule, pp, n_layers, lps, first, last)
         stage_layers = split_layers(n_layers, num, first, last)
     mbs = p.pipeline_parallel_microbatch_size
-    local = job_config.training.local_batch_size
+    local = local_batch_size
     n_mb = _check_microbatches(schedule, local, mbs, len(stage_layers), pp)
     plan = PipelinePlan(schedule, pp, stage_layers, mbs, n_mb, csv_path)
     if csv_path and check_schedule_csv(plan):
-        _check_composes(job_config, schedule, key=_CSV)
+        _check_composes(p, compile_enabled, ac, schedule, key=_CSV)
     return plan
 
 

@@ -72,7 +72,7 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
             _check_model_fits_layout(dims, model_args)
         if dims.pp > 1:
             with problems.collect():
-                pipeline = check_pipeline_config(job_config, model_args, dims)
+                pipeline = pipeline_plan(job_config, model_args, dims)
         elif job_config.parallelism.pipeline_parallel_schedule_csv:
             problems.add(
                 "parallelism.pipeline_parallel_schedule_csv: a pipeline schedule, but "
@@ -330,3 +330,17 @@ def _check_norm_type(norm_type: str, device_type: str) -> None:
             f"{key}: fused_rmsnorm needs the triton package, which is not installed: "
             "pip install triton, or use rmsnorm or compiled_rmsnorm"
         )
+
+
+def pipeline_plan(job_config: JobConfig, model_args: Any, dims: ParallelDims) -> PipelinePlan:
+    """The pipeline plan of the job's sections (a one-line ConfigError naming the key)."""
+    m = job_config.model
+    return check_pipeline_config(
+        job_config.parallelism,
+        model_args,
+        dims,
+        local_batch_size=job_config.training.local_batch_size,
+        compile_enabled=job_config.compile.enable,
+        ac=job_config.activation_checkpoint,
+        model_label=f"{m.name} {m.flavor}",
+    )

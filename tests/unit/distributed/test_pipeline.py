@@ -13,13 +13,12 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.distributed.pipeline import (
     PipelinePlan,
-    check_pipeline_config,
     split_layers,
     split_model,
 )
 from torchtitan.errors import ConfigError
 from torchtitan.models.llama.model import ModelArgs, Transformer
-from torchtitan.train.plan import plan_job
+from torchtitan.train.plan import pipeline_plan, plan_job
 
 DEBUG_ARGS = ModelArgs(dim=256, n_layers=6, n_heads=16, n_kv_heads=8, vocab_size=2256)
 
@@ -34,7 +33,7 @@ def _dims(pp: int = 2, dp_replicate: int = 1, dp_shard: int = 1) -> ParallelDims
 
 
 def _plan(*args: str, pp: int = 2, model_args: ModelArgs = DEBUG_ARGS) -> PipelinePlan:
-    return check_pipeline_config(_job(*args), model_args, _dims(pp))
+    return pipeline_plan(_job(*args), model_args, _dims(pp))
 
 
 def test_split_layers_even_then_extra_layers_first():
@@ -219,7 +218,7 @@ _KEY = "parallelism.pipeline_parallel_"
 )
 def test_pipeline_config_errors(args, dims, expected):
     with pytest.raises(ConfigError) as e:
-        check_pipeline_config(_job(*args), DEBUG_ARGS, _dims(**dims))
+        pipeline_plan(_job(*args), DEBUG_ARGS, _dims(**dims))
     assert expected in str(e.value), str(e.value)
     assert "\n" not in str(e.value)
 
