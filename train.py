@@ -21,8 +21,6 @@ from torchtitan.config.schema import JobConfig
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.errors import TorchTitanError, another_rank_reported, report_user_error
 from torchtitan.observability.log import add_log_file, init_logger, logger
-from torchtitan.observability.metrics import MetricsProcessor
-from torchtitan.observability.sinks import build_sinks
 from torchtitan.resilience.preemption import Interrupted, Preempted, Preemption
 from torchtitan.resilience.watchdog import HangWatchdog
 from torchtitan.train import builders, runtime
@@ -75,21 +73,7 @@ def train(job_config: JobConfig) -> None:
 
     # ---- metrics: console lines with the share done and the ETA, TensorBoard (a resumed run
     #      continues its run folder, one curve across resumes)
-    metrics = MetricsProcessor(
-        flops_per_token=model.flops_per_token,
-        log_freq=job_config.metrics.log_freq,
-        sinks=build_sinks(
-            job_config.metrics,
-            job_config.job.dump_folder,
-            rt.rank,
-            resumed_step=train_state.step,
-            run_config=job_config.to_dict(),
-        ),
-        color=not job_config.metrics.disable_color_printing,
-        is_rank0=rt.rank == 0,
-        data_tokens=getattr(dataloader, "tokens_per_source", None),  # a mixture's shares
-        total_steps=job_config.training.steps,
-    )
+    metrics = builders.build_metrics(job_config, rt, model, dataloader, train_state.step)
     startup.lap("optimizer, metrics, checkpoint")
 
     # ---- the training loop, then one summary of the run

@@ -31,6 +31,8 @@ from torchtitan.distributed.tensor_parallel import decoder_block_plan
 from torchtitan.models.common.decoder import get_nparams_and_flops
 from torchtitan.models.common.moe import inactive_params
 from torchtitan.observability.log import logger
+from torchtitan.observability.metrics import MetricsProcessor
+from torchtitan.observability.sinks import build_sinks
 from torchtitan.optim import optimizers
 from torchtitan.optim.lr_scheduling import build_lr_scheduler
 from torchtitan.optim.param_groups import check_and_log
@@ -326,4 +328,28 @@ def build_checkpointer(
             parameters=model.nparams,
             optimizer=job_config.optimizer.name,
         ),
+    )
+
+
+def build_metrics(
+    job_config: JobConfig, rt: Runtime, model: BuiltModel, dataloader: Any, resumed_step: int
+) -> MetricsProcessor:
+    """Console lines with the share done and the ETA, and this rank's sinks (TensorBoard: a run
+    resumed from ``resumed_step`` continues its run folder, one curve across resumes; W&B)."""
+    m = job_config.metrics
+    sinks = build_sinks(
+        m,
+        job_config.job.dump_folder,
+        rt.rank,
+        resumed_step=resumed_step,
+        run_config=job_config.to_dict(),
+    )
+    return MetricsProcessor(
+        flops_per_token=model.flops_per_token,
+        log_freq=m.log_freq,
+        sinks=sinks,
+        color=not m.disable_color_printing,
+        is_rank0=rt.rank == 0,
+        data_tokens=getattr(dataloader, "tokens_per_source", None),  # a mixture's shares
+        total_steps=job_config.training.steps,
     )
