@@ -27,7 +27,8 @@ class Verdict:
     advice: str = ""
     save: bool = False
     error: type[TorchTitanError] = TrainingDiverged
-    names_rank: bool = True  # False: every rank judged the same numbers
+    # False: every rank judged the same numbers; None: the error class's own default
+    names_rank: bool | None = None
 
     @property
     def stops(self) -> bool:

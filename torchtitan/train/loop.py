@@ -215,7 +215,8 @@ class Loop:
             newest = self.checkpointer.newest_complete() or "none"
             message = f"{verdict.reason} (newest checkpoint: {newest}). {verdict.advice}"
         error = verdict.error(message)
-        error.names_rank = verdict.names_rank
+        if verdict.names_rank is not None:
+            error.names_rank = verdict.names_rank
         raise error
 
     def log(
