@@ -24,12 +24,14 @@ from torchtitan.data import tokenizer as tokenizers
 from torchtitan.data.hf_tokenizer import write_tokenizer_files
 from torchtitan.data.loader import DataSpec, build_hf_dataloader
 from torchtitan.distributed import utils as dist_utils
+from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.parallelize import parallelize_decoder
 from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.distributed.pipeline import Pipeline, split_model
 from torchtitan.distributed.tensor_parallel import decoder_block_plan
 from torchtitan.models.common.decoder import get_nparams_and_flops
 from torchtitan.models.common.moe import inactive_params
+from torchtitan.models.spec import ModelSpec
 from torchtitan.observability.log import logger
 from torchtitan.observability.metrics import MetricsProcessor
 from torchtitan.observability.sinks import build_sinks
@@ -55,11 +57,11 @@ class Runtime:
     seed: int
 
     @property
-    def dims(self) -> Any:
+    def dims(self) -> ParallelDims:
         return self.plan.dims
 
     @property
-    def spec(self) -> Any:
+    def spec(self) -> ModelSpec:
         return self.plan.spec
 
 
