@@ -95,7 +95,7 @@ COMPILE_FOR_CUDA = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from torchtitan.models import fused_rmsnorm_kernels as K
+from torchtitan.models.common.norms import fused_kernels as K
 
 n = 0
 for arch in {archs}:

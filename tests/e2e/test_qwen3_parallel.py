@@ -147,9 +147,9 @@ def _tp_worker(norm_type: str, result: str) -> None:
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, distribute_tensor
-    from torchtitan.models.qwen3.parallelize import block_plan
 
     from torchtitan.distributed.tensor_parallel import apply_tp
+    from torchtitan.models.qwen3.block_plan import block_plan
     from torchtitan.models.qwen3.model import Qwen3Model, Qwen3ModelArgs
 
     dist.init_process_group("gloo")
