@@ -145,9 +145,6 @@ class CheckpointManager:
         self.model_parts = model_parts
         self.model_args = model_args
         self.hf = hf or HFExchange()
-        # initial_load_in_hf reads checkpoint.initial_load_path, else the model.hf_assets_path
-        # folder: (folder, the key it came from), None if neither is set
-        self.hf_load_path = self.hf.load_source
         # who writes what in a Hugging Face export: the first rank of each pipeline stage its
         # stage's weights (the mesh puts pp outermost), rank 0 the rest
         self.export_ranks = ExportRanks(rank, world_size, self.hf.pp_rank, self.hf.pp_degree)
@@ -178,6 +175,12 @@ class CheckpointManager:
         }
 
     # ---- saving
+
+    @property
+    def hf_load_path(self) -> tuple[str, str] | None:
+        """Where ``checkpoint.initial_load_in_hf`` reads: ``checkpoint.initial_load_path``, else
+        the ``model.hf_assets_path`` folder, as (folder, the key it came from); None if neither."""
+        return self.hf.load_source
 
     def maybe_save(self, step: int) -> None:
         if not self.enabled:

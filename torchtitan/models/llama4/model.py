@@ -107,12 +107,12 @@ def precompute_rope_cache(
     freqs = rope_inv_freqs(args, device=device)  # float64, with the 3.1 scaling if any
     positions = torch.arange(args.max_seq_len, dtype=torch.float64, device=device)
     theta = rope.angles(freqs, args.max_seq_len)
-    rotation = torch.stack((theta.cos(), theta.sin()), dim=-1)
+    rotation = rope.interleaved_table(theta)  # float32, as Llama's table
     temperature = 1.0 + args.attn_scale * torch.log1p(
         torch.floor((positions + 1) / args.floor_scale)
     )
     extra = torch.stack((positions, temperature), dim=-1).unsqueeze(1)
-    return torch.cat((rotation, extra), dim=1).to(torch.float32)
+    return torch.cat((rotation, extra.to(torch.float32)), dim=1)
 
 
 def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
