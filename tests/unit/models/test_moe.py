@@ -195,13 +195,16 @@ def test_bad_args_are_named(kw, words):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bfloat16 grouped mm)")
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_grouped_mm_on_gpu_in_bfloat16_matches_the_loop(compiled):
-    """On CUDA the grouped kernel takes bfloat16: the layer (eager and compiled) against the
-    per-expert loop on the same bfloat16 weights, values and gradients, within bfloat16's
-    rounding."""
+@pytest.mark.parametrize("hidden_dim", [16, 12], ids=["aligned", "unaligned"])
+def test_grouped_mm_on_gpu_in_bfloat16_matches_the_loop(compiled, hidden_dim):
+    """On CUDA the grouped kernel takes bfloat16 rows of a multiple of 16 bytes: the layer (eager
+    and compiled) against the per-expert loop on the same bfloat16 weights, values and gradients,
+    within bfloat16's rounding. A hidden size the kernel refuses (12: 24-byte rows) runs the loop
+    instead of failing."""
     outs = []
     for grouped in (True, False):
-        moe = _moe(grouped_mm=grouped, shared_hidden_dim=16).to("cuda", torch.bfloat16)
+        moe = _moe(grouped_mm=grouped, hidden_dim=hidden_dim, shared_hidden_dim=16)
+        moe = moe.to("cuda", torch.bfloat16)
         run = torch.compile(moe, fullgraph=True) if compiled and grouped else moe
         x = _x(4, 64).to("cuda", torch.bfloat16).requires_grad_()
         out = run(x)

@@ -43,6 +43,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from torchtitan.models.common.blocks import FeedForward, trunc_normal_
+from torchtitan.observability.log import logger
 
 __all__ = [
     "MoEArgs",
@@ -189,6 +190,29 @@ def _swiglu_loop(
     return torch.cat(out) if out else x.new_zeros(0, w2.shape[1])
 
 
+def _kernel_takes(x: torch.Tensor, w1: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` takes these sizes. CUDA's kernel needs every row 16-byte
+    aligned (``dim`` and ``hidden_dim`` multiples of 8 in bfloat16) and refuses others with
+    "strides should be multiple of 16 bytes"; those sizes run the per-expert loop (the same
+    math), with one warning. The CPU kernel takes any size."""
+    if x.device.type != "cuda":
+        return True
+    if all(n * x.element_size() % 16 == 0 for n in w1.shape[1:]):
+        return True
+    sizes = (w1.shape[2], w1.shape[1], x.dtype)
+    if not torch.compiler.is_compiling() and sizes not in _WARNED_UNALIGNED:
+        _WARNED_UNALIGNED.add(sizes)
+        logger.warning(
+            f"moe: CUDA's grouped matmul needs dim and moe hidden_dim to be multiples of "
+            f"{16 // x.element_size()} ({x.dtype}); dim {w1.shape[2]}, hidden_dim {w1.shape[1]} "
+            "run the experts one after another instead"
+        )
+    return False
+
+
+_WARNED_UNALIGNED: set[tuple[int, int, torch.dtype]] = set()
+
+
 class GroupedExperts(nn.Module):
     """``num_experts`` SwiGLU experts, weights stacked on dim 0: ``forward(x, counts)`` with the
     rows of ``x`` sorted by expert and ``counts [E]`` rows per expert (the local experts' rows
@@ -202,8 +226,9 @@ class GroupedExperts(nn.Module):
         self.grouped_mm = grouped_mm
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        run = _swiglu_grouped if self.grouped_mm else _swiglu_loop
-        return run(x, _local(self.w1), _local(self.w2), _local(self.w3), counts)
+        w1, w2, w3 = _local(self.w1), _local(self.w2), _local(self.w3)
+        run = _swiglu_grouped if self.grouped_mm and _kernel_takes(x, w1) else _swiglu_loop
+        return run(x, w1, w2, w3, counts)
 
     def init_weights(self, init_std: float) -> None:
         """w1/w3: truncated normal std 0.02; w2 (output side): the given std."""
