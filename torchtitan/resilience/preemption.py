@@ -85,6 +85,9 @@ class Preemption:
         if exc_type is None and self._work is not None:
             self._work.wait()  # every rank started it at the last boundary: it completes
         self._work = None
+        if exc_type is None and self._group is not None:  # (on an error, the process ends)
+            dist.destroy_process_group(self._group)
+            self._group = None
 
     def is_ctrl_c(self, sig: signal.Signals) -> bool:
         """Whether stopping on ``sig`` is a person's Ctrl-C (exit 130) rather than a preemption."""
