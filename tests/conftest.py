@@ -79,3 +79,23 @@ def one_cpu_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def pools(tmp_path_factory):
+    """``pools(n)``: the session's warm pool of ``n`` ranks (tests/helpers/pool.py), started at
+    its first case, with the test runs' offline environment and shared caches."""
+    from launcher import train_env
+    from pool import WorkerPool
+
+    made: dict[int, WorkerPool] = {}
+    env = train_env(tmp_path_factory.mktemp("pools"))
+
+    def get(n: int) -> WorkerPool:
+        if n not in made:
+            made[n] = WorkerPool(n, env=env, case_timeout_s=900)
+        return made[n]
+
+    yield get
+    for pool in made.values():
+        pool.shutdown()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, launch, tensorboard_scalars
+from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, tensorboard_scalars
 from tiers import params
 
 STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
@@ -262,27 +262,34 @@ EXTENDED_LAYOUTS = [
 ]
 
 
-def _run(tmp_path, ngpu: int, extra: list[str]) -> tuple[dict[int, float], str]:
-    out = launch(tmp_path, *COMMON, *extra, ngpu=ngpu, timeout=900)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    losses = tensorboard_scalars(tmp_path / "out")
+def _run(pools, tmp_path, ngpu: int, extra: list[str]) -> tuple[dict[int, float], str]:
+    """``train()`` of the layout in the session's warm pool of ``ngpu`` ranks (the same losses
+    as ``run_llama_train.sh``, tests/e2e/test_pool.py), writing to ``tmp_path/out``; its
+    losses and rank 0's log."""
+    out = tmp_path / "out"
+    args = [*COMMON, *extra]
+    compiles = "--compile.enable" in args
+    pools(ngpu).run("pool_cases:train", args, str(out), meshes=True, compiles=compiles)
+    losses = tensorboard_scalars(out)
     assert sorted(losses) == list(range(1, STEPS + 1)), losses
-    return losses, out.stdout
+    return losses, (out / "logs" / "rank_0.log").read_text()
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory) -> dict[int, float]:
+def baseline(pools, tmp_path_factory) -> dict[int, float]:
     """One process, local batch 4 with 2 accumulation steps (global batch 8)."""
-    losses, _ = _run(tmp_path_factory.mktemp("single"), 1, ["--training.local_batch_size", "4"])
+    losses, _ = _run(
+        pools, tmp_path_factory.mktemp("single"), 1, ["--training.local_batch_size", "4"]
+    )
     assert losses[1] - losses[STEPS] > 0.2, losses  # it trains: the comparison means something
     return losses
 
 
 @pytest.fixture(scope="module")
-def block_causal_baseline(tmp_path_factory, baseline) -> dict[int, float]:
+def block_causal_baseline(pools, tmp_path_factory, baseline) -> dict[int, float]:
     """One process as ``baseline``, with block-causal attention and masked document starts."""
     extra = ["--training.local_batch_size", "4", *BLOCK_CAUSAL]
-    losses, stdout = _run(tmp_path_factory.mktemp("single_block_causal"), 1, extra)
+    losses, stdout = _run(pools, tmp_path_factory.mktemp("single_block_causal"), 1, extra)
     assert losses[1] - losses[STEPS] > 0.2, losses
     # the settings change the numbers: the suite is not the causal one again
     assert max(abs(losses[s] - baseline[s]) for s in losses) > 1e-3, (losses, baseline)
@@ -300,18 +307,18 @@ def _assert_matches(layout: str, losses: dict[int, float], baseline: dict[int, f
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(BLOCK_CAUSAL_LAYOUTS))
-def test_block_causal_layout_matches_one_process(tmp_path, block_causal_baseline, layout):
+def test_block_causal_layout_matches_one_process(pools, tmp_path, block_causal_baseline, layout):
     ngpu, extra = BLOCK_CAUSAL_LAYOUTS[layout]
-    losses, stdout = _run(tmp_path, ngpu, [*extra, *BLOCK_CAUSAL])
+    losses, stdout = _run(pools, tmp_path, ngpu, [*extra, *BLOCK_CAUSAL])
     _assert_matches(f"{layout} block_causal", losses, block_causal_baseline)
     _check_logs(layout, stdout)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", params(LAYOUTS, extended=EXTENDED_LAYOUTS))
-def test_layout_matches_one_process(tmp_path, baseline, layout):
+def test_layout_matches_one_process(pools, tmp_path, baseline, layout):
     ngpu, extra = LAYOUTS[layout]
-    losses, stdout = _run(tmp_path, ngpu, extra)
+    losses, stdout = _run(pools, tmp_path, ngpu, extra)
     _assert_matches(layout, losses, baseline)
     _check_logs(layout, stdout)
 
@@ -339,11 +346,11 @@ MUON_LAYOUTS = {name: LAYOUTS[name] for name in ("fsdp2_tp2", "pp2_tp2")} | {
 
 
 @pytest.fixture(scope="module")
-def muon_baseline(tmp_path_factory, baseline) -> dict[int, float]:
+def muon_baseline(pools, tmp_path_factory, baseline) -> dict[int, float]:
     """One process as ``baseline``, with Muon."""
     extra = ["--training.local_batch_size", "4", *MUON]
     folder = tmp_path_factory.mktemp("single_muon")
-    losses, stdout = _run(folder, 1, extra)
+    losses, stdout = _run(pools, folder, 1, extra)
     assert "Muon, weight decay 0.1: " in stdout, stdout[-3000:]  # the groups logged
     # both learning rates are logged, each from its own peak on the one schedule (warm-up here)
     lr, muon_lr = (tensorboard_scalars(folder / "out", tag) for tag in ("lr", "lr/muon"))
@@ -358,7 +365,7 @@ def muon_baseline(tmp_path_factory, baseline) -> dict[int, float]:
 @pytest.mark.parametrize(
     "layout", params(MUON_LAYOUTS, extended=["pp2_tp2", "fsdp2_tp2", "pp2_1f1b"])
 )
-def test_muon_layout_matches_one_process(tmp_path, muon_baseline, layout):
+def test_muon_layout_matches_one_process(pools, tmp_path, muon_baseline, layout):
     ngpu, extra = MUON_LAYOUTS[layout]
-    losses, _ = _run(tmp_path, ngpu, [*extra, *MUON])
+    losses, _ = _run(pools, tmp_path, ngpu, [*extra, *MUON])
     _assert_matches(f"{layout} muon", losses, muon_baseline)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from pool import pool_scratch
+from repo_paths import ROOT
 
 
 def rank_sum() -> float:
@@ -52,22 +53,30 @@ def compile_something() -> float:
     return float(fn(torch.ones(3)))
 
 
-def train_losses(args: list[str]) -> dict[int, float]:
-    """``train.py``'s own ``train()`` with ``args`` in the pool's process group, writing to the
-    case's scratch folder; the per-step losses its TensorBoard run recorded (rank 0), else {}."""
-    from launcher import tensorboard_scalars_all_runs
-
-    import train
+def train(args: list[str], dump_folder: str | None = None) -> None:
+    """``train.py``'s own ``train()`` with ``args`` in the pool's process group, writing to
+    ``dump_folder`` (default: the case's scratch folder), its log in ``logs/rank_R.log`` there."""
+    import train as train_py
     from torchtitan.config.parse import parse_args
     from torchtitan.observability.log import init_logger, logger
 
     init_logger()
+    if "--job.config_file" not in args:  # as run_llama_train.sh: the debug model by default
+        args = ["--job.config_file", str(ROOT / "train_configs" / "debug_model.toml"), *args]
     try:
-        train.train(parse_args([*args, "--job.dump_folder", pool_scratch()]))
+        train_py.train(parse_args([*args, "--job.dump_folder", dump_folder or pool_scratch()]))
     finally:
         for handler in logger.handlers[1:]:  # the case's log file
             handler.close()
         del logger.handlers[1:]
+
+
+def train_losses(args: list[str]) -> dict[int, float]:
+    """:func:`train` in the scratch folder; the per-step losses its TensorBoard run recorded
+    (rank 0), else {}."""
+    from launcher import tensorboard_scalars_all_runs
+
+    train(args)
     if dist.get_rank() != 0:
         return {}
     return tensorboard_scalars_all_runs(Path(pool_scratch()))
