@@ -26,7 +26,7 @@ import importlib.util
 
 import pytest
 import torch
-from launcher import launch, tensorboard_scalars
+from launcher import pooled, tensorboard_scalars
 
 from torchtitan.quantization.float8 import cpu_float8_matmul_works
 
@@ -65,9 +65,9 @@ ONE_SEQUENCE = ["--training.local_batch_size", "1"]
 
 
 def _losses(
-    tmp_path, *args: str, ngpu: int = 1, steps: int = STEPS
+    pools, tmp_path, *args: str, ngpu: int = 1, steps: int = STEPS
 ) -> tuple[dict[int, float], str]:
-    out = launch(tmp_path, *COMMON, *args, "--training.steps", str(steps), ngpu=ngpu, timeout=600)
+    out = pooled(pools, tmp_path, *COMMON, *args, "--training.steps", str(steps), ngpu=ngpu)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     losses = tensorboard_scalars(tmp_path / "out")
     assert sorted(losses) == list(range(1, steps + 1)), losses
@@ -79,10 +79,10 @@ def _gaps(losses: dict[int, float], reference: dict[int, float]) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def float8_one_process(tmp_path_factory) -> dict[int, float]:
+def float8_one_process(pools, tmp_path_factory) -> dict[int, float]:
     # micro-batches of one sequence, as on each FSDP rank below: activation scales are per tensor
     losses, log = _losses(
-        tmp_path_factory.mktemp("f8"), *FLOAT8, "--training.local_batch_size", "1"
+        pools, tmp_path_factory.mktemp("f8"), *FLOAT8, "--training.local_batch_size", "1"
     )
     # one block: wqkv wo w1 w2 w3; the output layer stays in high precision
     assert "Float8 training (tensorwise scaling) on 5 linear layers; skipped: output" in log, log
@@ -90,8 +90,8 @@ def float8_one_process(tmp_path_factory) -> dict[int, float]:
     return losses
 
 
-def test_float8_tracks_float32(tmp_path, float8_one_process):
-    reference, _ = _losses(tmp_path, "--training.local_batch_size", "1")
+def test_float8_tracks_float32(pools, tmp_path, float8_one_process):
+    reference, _ = _losses(pools, tmp_path, "--training.local_batch_size", "1")
     gaps = [abs(float8_one_process[s] - reference[s]) for s in reference]
     print(f"\nfloat8 vs float32: max |loss gap| {max(gaps):.2e}")
     assert max(gaps) < 2e-2, (float8_one_process, reference)
@@ -100,8 +100,9 @@ def test_float8_tracks_float32(tmp_path, float8_one_process):
 
 
 @pytest.mark.extended
-def test_fsdp_float8_all_gather_matches_one_process(tmp_path, float8_one_process):
+def test_fsdp_float8_all_gather_matches_one_process(pools, tmp_path, float8_one_process):
     losses, log = _losses(
+        pools,
         tmp_path,
         *FLOAT8,
         "--float8.enable_fsdp_float8_all_gather",
@@ -118,9 +119,9 @@ def test_fsdp_float8_all_gather_matches_one_process(tmp_path, float8_one_process
     assert max(gaps) < 2e-4, (losses, float8_one_process)  # measured 3e-5
 
 
-def test_tp_float8_matches_one_process(tmp_path, float8_one_process):
+def test_tp_float8_matches_one_process(pools, tmp_path, float8_one_process):
     # dp = 1: each rank runs both micro-batches of one sequence, as the 1-process run does
-    losses, log = _losses(tmp_path, *FLOAT8, *TP2, *ONE_SEQUENCE, ngpu=2)
+    losses, log = _losses(pools, tmp_path, *FLOAT8, *TP2, *ONE_SEQUENCE, ngpu=2)
     assert (
         "Float8 tensor parallel: torchao's float8 styles on 5 linears, "
         "2 block inputs all-gathered in float8"
@@ -137,8 +138,9 @@ def test_tp_float8_matches_one_process(tmp_path, float8_one_process):
     assert max(gaps) < 2e-4, (losses, float8_one_process)  # measured 3e-5
 
 
-def test_tp_fsdp_float8_all_gather_matches_one_process(tmp_path, float8_one_process):
+def test_tp_fsdp_float8_all_gather_matches_one_process(pools, tmp_path, float8_one_process):
     losses, log = _losses(
+        pools,
         tmp_path,
         *FLOAT8,
         *TP2,
@@ -156,10 +158,10 @@ def test_tp_fsdp_float8_all_gather_matches_one_process(tmp_path, float8_one_proc
     assert max(gaps) < 5e-4, (losses, float8_one_process)  # measured 1.3e-4
 
 
-def test_tp_float8_rowwise_matches_one_process(tmp_path):
+def test_tp_float8_rowwise_matches_one_process(pools, tmp_path):
     rowwise = [*FLOAT8, "--float8.recipe_name", "rowwise", *ONE_SEQUENCE]
-    reference, _ = _losses(tmp_path / "one", *rowwise, steps=3)
-    losses, log = _losses(tmp_path / "tp", *rowwise, *TP2, ngpu=2, steps=3)
+    reference, _ = _losses(pools, tmp_path / "one", *rowwise, steps=3)
+    losses, log = _losses(pools, tmp_path / "tp", *rowwise, *TP2, ngpu=2, steps=3)
     assert "Float8 training (rowwise scaling) on 5 linear layers" in log, log
     assert "Float8 tensor parallel" not in log, log  # rowwise keeps the plain TP styles
     gaps = _gaps(losses, reference)

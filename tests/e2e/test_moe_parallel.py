@@ -28,7 +28,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, launch, tensorboard_scalars_all_runs
+from launcher import (
+    EQUIVALENCE_ARGS,
+    EQUIVALENCE_STEPS,
+    launch,
+    pooled,
+    tensorboard_scalars_all_runs,
+)
 from repo_paths import ROOT
 from tiers import params
 
@@ -90,15 +96,19 @@ LAYOUTS = {
 
 
 def _run(
-    tmp_path, family: str, ngpu: int, extra: list[str], steps: int = STEPS, resumes: bool = False
+    pools,
+    tmp_path,
+    family: str,
+    ngpu: int,
+    extra: list[str],
+    steps: int = STEPS,
+    resumes: bool = False,
 ) -> dict[int, float]:
     """The run's losses (with ``resumes``: of both runs in the folder, the second having loaded
-    the first's step-4 checkpoint)."""
-    with pytest.MonkeyPatch.context() as env:  # the launcher reads the config from CONFIG_FILE
-        env.setenv("CONFIG_FILE", str(ROOT / "train_configs" / CONFIGS[family]))
-        out = launch(
-            tmp_path, *COMMON, "--training.steps", str(steps), *extra, ngpu=ngpu, timeout=900
-        )
+    the first's step-4 checkpoint), trained in the session's warm pool of ``ngpu`` ranks."""
+    config = str(ROOT / "train_configs" / CONFIGS[family])
+    args = [*COMMON, "--training.steps", str(steps), *extra]
+    out = pooled(pools, tmp_path, *args, ngpu=ngpu, config=config)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"Model {family} debugmodel" in out.stdout, out.stdout[-3000:]
     assert "moe: load max/mean" in out.stdout
@@ -110,12 +120,12 @@ def _run(
 
 
 @pytest.fixture(scope="module")
-def baselines(tmp_path_factory) -> dict[str, dict[int, float]]:
+def baselines(pools, tmp_path_factory) -> dict[str, dict[int, float]]:
     """One process per family, local batch 4 with 2 accumulation steps (global batch 8)."""
     out = {}
     for family in CONFIGS:
         folder = tmp_path_factory.mktemp(f"single_{family}")
-        losses = _run(folder, family, 1, _batch(4))
+        losses = _run(pools, folder, family, 1, _batch(4))
         assert losses[1] - losses[STEPS] > 0.1, losses  # it trains: the comparison means something
         out[family] = losses
         out[f"{family}_grad_norm"] = GRAD_NORMS[str(folder)]
@@ -143,9 +153,9 @@ EXTENDED_LAYOUTS = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", params(LAYOUTS, extended=EXTENDED_LAYOUTS))
-def test_moe_layout_matches_one_process(tmp_path, baselines, layout):
+def test_moe_layout_matches_one_process(pools, tmp_path, baselines, layout):
     family, ngpu, extra = LAYOUTS[layout]
-    losses, baseline = _run(tmp_path, family, ngpu, extra), baselines[family]
+    losses, baseline = _run(pools, tmp_path, family, ngpu, extra), baselines[family]
     worst = max(abs(losses[s] - baseline[s]) for s in losses)
     print(f"\n{layout}: step 1 {losses[1]:.6f} vs {baseline[1]:.6f}; max |diff| {worst:.2e}")
     assert abs(losses[1] - baseline[1]) <= 1e-4, (losses, baseline)
@@ -167,14 +177,14 @@ MUON_LAYOUTS = ["llama4_ep2", "llama4_ep2_fsdp2", "llama4_ep2_tp2", "qwen3_moe_f
 
 
 @pytest.fixture(scope="module")
-def muon_baselines(tmp_path_factory, baselines) -> dict[str, dict[int, float]]:
+def muon_baselines(pools, tmp_path_factory, baselines) -> dict[str, dict[int, float]]:
     """One process per family as ``baselines``, with Muon (run when a family is first asked)."""
     cache: dict[str, dict[int, float]] = {}
 
     def baseline(family: str) -> dict[int, float]:
         if family not in cache:
             folder = tmp_path_factory.mktemp(f"single_{family}_muon")
-            losses = _run(folder, family, 1, [*_batch(4), *MUON])
+            losses = _run(pools, folder, family, 1, [*_batch(4), *MUON])
             assert losses[1] - losses[STEPS] > 0.1, losses
             assert max(abs(losses[s] - baselines[family][s]) for s in losses) > 1e-3
             cache[family] = losses
@@ -185,9 +195,9 @@ def muon_baselines(tmp_path_factory, baselines) -> dict[str, dict[int, float]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", params(MUON_LAYOUTS, extended=MUON_LAYOUTS[1:]))
-def test_muon_under_expert_parallel_matches_one_process(tmp_path, muon_baselines, layout):
+def test_muon_under_expert_parallel_matches_one_process(pools, tmp_path, muon_baselines, layout):
     family, ngpu, extra = LAYOUTS[layout]
-    losses, baseline = _run(tmp_path, family, ngpu, [*extra, *MUON]), muon_baselines(family)
+    losses, baseline = _run(pools, tmp_path, family, ngpu, [*extra, *MUON]), muon_baselines(family)
     worst = max(abs(losses[s] - baseline[s]) for s in losses)
     print(f"\n{layout} muon: step 1 {losses[1]:.6f} vs {baseline[1]:.6f}; max |diff| {worst:.2e}")
     assert abs(losses[1] - baseline[1]) <= 1e-4, (losses, baseline)
@@ -213,22 +223,24 @@ def _stopped_after_step_4(run: Path, copy: Path) -> None:
 
 
 @pytest.mark.slow
-def test_expert_parallel_resumes_exactly_and_under_another_degree(tmp_path):
+def test_expert_parallel_resumes_exactly_and_under_another_degree(pools, tmp_path):
     """EP2 for 8 steps straight; its step-4 checkpoint resumed under EP2 to 8 (the same losses
     to 1e-6: the expert bias and the sharded experts come back), and resumed under EP4.
     Under EP4 the first step after the resume, computed from the loaded state alone, must give
     the straight run's loss (measured: equal to the last bit); the later ones follow from EP4's
     own gradient sums, whose summation order differs, at the constant peak LR, where a routing
     flip compounds (measured: 5e-4, 7e-4, 1.2e-3 at steps 6-8), hence 5e-3 there."""
-    straight = _run(tmp_path / "straight", "llama4", 2, [*_ep(2), *_batch(4), *CHECKPOINTS])
+    straight = _run(pools, tmp_path / "straight", "llama4", 2, [*_ep(2), *_batch(4), *CHECKPOINTS])
     _stopped_after_step_4(tmp_path / "straight", tmp_path / "same")
     resumed = _run(
-        tmp_path / "same", "llama4", 2, [*_ep(2), *_batch(4), *CHECKPOINTS], resumes=True
+        pools, tmp_path / "same", "llama4", 2, [*_ep(2), *_batch(4), *CHECKPOINTS], resumes=True
     )
     for step in range(1, STEPS + 1):
         assert abs(resumed[step] - straight[step]) <= 1e-6, (step, resumed, straight)
     _stopped_after_step_4(tmp_path / "straight", tmp_path / "other")
-    other = _run(tmp_path / "other", "llama4", 4, [*_ep(4), *_batch(2), *CHECKPOINTS], resumes=True)
+    other = _run(
+        pools, tmp_path / "other", "llama4", 4, [*_ep(4), *_batch(2), *CHECKPOINTS], resumes=True
+    )
     for step in range(1, STEPS + 1):
         bar = 1e-5 if step <= 5 else 5e-3
         assert abs(other[step] - straight[step]) <= bar, (step, other, straight)
@@ -236,15 +248,15 @@ def test_expert_parallel_resumes_exactly_and_under_another_degree(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.extended
-def test_muon_state_of_the_experts_resumes_under_another_expert_parallel_degree(tmp_path):
+def test_muon_state_of_the_experts_resumes_under_another_expert_parallel_degree(pools, tmp_path):
     """Muon's momentum of the experts (split on the expert dim) saved under EP 2 at step 4 and
     loaded under EP 4: the first step after the resume, computed from the loaded state alone,
     gives the unbroken EP 2 run's loss; later steps follow EP 4's own sums (the bar of the AdamW
     test above)."""
     args = [*CHECKPOINTS, *MUON]
-    straight = _run(tmp_path / "straight", "llama4", 2, [*_ep(2), *_batch(4), *args])
+    straight = _run(pools, tmp_path / "straight", "llama4", 2, [*_ep(2), *_batch(4), *args])
     _stopped_after_step_4(tmp_path / "straight", tmp_path / "other")
-    other = _run(tmp_path / "other", "llama4", 4, [*_ep(4), *_batch(2), *args], resumes=True)
+    other = _run(pools, tmp_path / "other", "llama4", 4, [*_ep(4), *_batch(2), *args], resumes=True)
     print(
         "\nEP 2 -> EP 4 muon |diff| by step:",
         [f"{abs(other[s] - straight[s]):.1e}" for s in range(1, STEPS + 1)],

@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 import pytest
-from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, launch, tensorboard_scalars, train_env
+from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, pooled, tensorboard_scalars, train_env
 from repo_paths import HELPERS, ROOT
 from tiers import params
 
@@ -57,10 +57,9 @@ LAYOUTS = {
 }
 
 
-def _run(tmp_path, ngpu: int, extra: list[str]) -> dict[int, float]:
-    with pytest.MonkeyPatch.context() as env:  # the launcher reads the config from CONFIG_FILE
-        env.setenv("CONFIG_FILE", str(ROOT / "train_configs" / "qwen3_debug.toml"))
-        out = launch(tmp_path, *COMMON, *extra, ngpu=ngpu, timeout=900)
+def _run(pools, tmp_path, ngpu: int, extra: list[str]) -> dict[int, float]:
+    config = str(ROOT / "train_configs" / "qwen3_debug.toml")
+    out = pooled(pools, tmp_path, *COMMON, *extra, ngpu=ngpu, config=config)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Model qwen3 debugmodel" in out.stdout, out.stdout[-3000:]
     if any("pipeline_parallel_degree" in a for a in extra):
@@ -71,7 +70,7 @@ def _run(tmp_path, ngpu: int, extra: list[str]) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def baselines(tmp_path_factory):
+def baselines(pools, tmp_path_factory):
     """``baseline(flavor_args)``: the losses of one process, local batch 4 with 2 accumulation
     steps (global batch 8), run once per flavor."""
     cache: dict[tuple[str, ...], dict[int, float]] = {}
@@ -80,7 +79,7 @@ def baselines(tmp_path_factory):
         key = tuple(flavor_args)
         if key not in cache:
             tmp = tmp_path_factory.mktemp("single")
-            losses = _run(tmp, 1, [*flavor_args, "--training.local_batch_size", "4"])
+            losses = _run(pools, tmp, 1, [*flavor_args, "--training.local_batch_size", "4"])
             # it trains: the comparison means something
             assert losses[1] - losses[STEPS] > 0.2, losses
             cache[key] = losses
@@ -93,10 +92,10 @@ def baselines(tmp_path_factory):
 # tp2 in the extended tier: fsdp2_tp2 runs the same TP plan (and the QK norms' gradients under
 # TP 2 are compared directly below)
 @pytest.mark.parametrize("layout", params(LAYOUTS, extended=["tp2"]))
-def test_qwen3_layout_matches_one_process(tmp_path, baselines, layout):
+def test_qwen3_layout_matches_one_process(pools, tmp_path, baselines, layout):
     ngpu, extra = LAYOUTS[layout]
     baseline = baselines(UNTIED if UNTIED[1] in extra else [])
-    losses = _run(tmp_path, ngpu, extra)
+    losses = _run(pools, tmp_path, ngpu, extra)
     worst = max(abs(losses[s] - baseline[s]) for s in losses)
     print(f"\nqwen3 {layout}: step 1 {losses[1]:.6f} vs {baseline[1]:.6f}; max |diff| {worst:.2e}")
     for step in range(1, STEPS + 1):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from types import SimpleNamespace
 
 from repo_paths import ROOT
 
@@ -179,3 +180,22 @@ def tensorboard_scalars_all_runs(dump_folder: Path, tag: str = "loss") -> dict[i
     from torchtitan.observability.tb_events import read_scalars
 
     return read_scalars(dump_folder, tag)
+
+
+def pooled(
+    pools, tmp_path: Path, *args: str, ngpu: int = 1, config: str | None = None
+) -> SimpleNamespace:
+    """``launch`` in the session's warm pool of ``ngpu`` ranks (tests/helpers/pool.py):
+    ``train.py``'s ``train()`` with ``--job.dump_folder tmp_path/out args`` and ``config`` (the
+    launcher's ``CONFIG_FILE``, default the debug model). ``returncode`` 0 and, as ``stdout``,
+    what this run added to rank 0's log; a failing run raises the pool's CaseFailed."""
+    out = tmp_path / "out"
+    config = config or str(ROOT / "train_configs" / "debug_model.toml")
+    log = out / "logs" / "rank_0.log"
+    start = log.stat().st_size if log.exists() else 0
+    compiles = any(a.startswith("--compile.enable") for a in args)
+    full = ["--job.config_file", config, *args]
+    pools(ngpu).run("pool_cases:train", full, str(out), meshes=True, compiles=compiles)
+    with open(log) as f:
+        f.seek(start)
+        return SimpleNamespace(returncode=0, stdout=f.read(), stderr="")
