@@ -99,3 +99,32 @@ def pools(tmp_path_factory):
     yield get
     for pool in made.values():
         pool.shutdown()
+
+
+_SECONDS: dict[str, dict[str, list]] = {"tier": {}, "file": {}}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Adds each test's setup, call and teardown time to its tier (tests/<tier>/...) and file."""
+    path = report.nodeid.split("::")[0]
+    parts = path.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    counted = report.when == "call" or (report.when == "setup" and report.skipped)
+    for kind, key in (("tier", tier), ("file", path)):
+        entry = _SECONDS[kind].setdefault(key, [0.0, 0])
+        entry[0] += report.duration
+        entry[1] += counted
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where a run's minutes went, after the slowest tests: the time per tier, and the files
+    that took the most."""
+    if not _SECONDS["tier"]:
+        return
+    terminalreporter.section("time per tier")
+    for tier, (seconds, count) in sorted(_SECONDS["tier"].items()):
+        terminalreporter.write_line(f"{tier:<6} {count:>5} tests {seconds:>8.1f} s")
+    terminalreporter.section("slowest files")
+    files = sorted(_SECONDS["file"].items(), key=lambda kv: -kv[1][0])
+    for path, (seconds, count) in files[:20]:
+        terminalreporter.write_line(f"{seconds:>8.1f} s {count:>5} tests  {path}")

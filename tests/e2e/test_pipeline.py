@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher import cache_env
-from repo_paths import DEBUG_TOML, HELPERS, ROOT
+from launcher import cache_env, pooled
+from repo_paths import HELPERS, ROOT
 
 from torchtitan.distributed import pipeline
 
@@ -46,15 +46,12 @@ def _torchrun(nproc: int) -> list[str]:
     ]
 
 
-def _train(tmp: Path, nproc: int, *args: str) -> tuple[dict[int, tuple[float, float]], str]:
-    """``{step: (loss, grad_norm)}`` of a short deterministic debug run, and its stdout."""
-    cmd = [
-        *_torchrun(nproc),
-        str(ROOT / "train.py"),
-        "--job.config_file",
-        DEBUG_TOML,
-        "--job.dump_folder",
-        str(tmp / "out"),
+def _train(pools, tmp: Path, nproc: int, *args: str) -> tuple[dict[int, tuple[float, float]], str]:
+    """``{step: (loss, grad_norm)}`` of a short deterministic debug run in the session's warm
+    pool of ``nproc`` ranks, and its rank-0 log."""
+    out = pooled(
+        pools,
+        tmp,
         "--metrics.enable_tensorboard=false",
         "--debug.deterministic",
         "--debug.seed",
@@ -68,9 +65,8 @@ def _train(tmp: Path, nproc: int, *args: str) -> tuple[dict[int, tuple[float, fl
         "--training.steps",
         "3",
         *args,
-    ]
-    out = subprocess.run(cmd, cwd=ROOT, env=_env(tmp), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        ngpu=nproc,
+    )
     steps = {int(s): (float(loss), float(g)) for s, loss, g in STEP_RE.findall(out.stdout)}
     assert sorted(steps) == [1, 2, 3], out.stdout[-3000:]
     return steps, out.stdout
@@ -87,15 +83,17 @@ def _assert_same_run(got: dict, want: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
+def single(pools, tmp_path_factory):
     """The reference: one process, no pipelining; local batch 4."""
-    return _train(tmp_path_factory.mktemp("single"), 1)[0]
+    return _train(pools, tmp_path_factory.mktemp("single"), 1)[0]
 
 
 @pytest.fixture(scope="module")
-def single_batch_8(tmp_path_factory):
+def single_batch_8(pools, tmp_path_factory):
     """One process, global batch 8 as two accumulated local batches of 4."""
-    return _train(tmp_path_factory.mktemp("single8"), 1, "--training.global_batch_size", "8")[0]
+    return _train(
+        pools, tmp_path_factory.mktemp("single8"), 1, "--training.global_batch_size", "8"
+    )[0]
 
 
 @pytest.mark.slow
@@ -117,12 +115,7 @@ def test_every_schedule_gives_the_unsplit_gradients(tmp_path):
     "schedule, microbatch_size, stage_log",
     [
         ("GPipe", 2, "stage 1 (pp rank 1): layers 3-5 + norm + output"),
-        pytest.param(
-            "1F1B",
-            1,
-            "stage 0 (pp rank 0): tok_embeddings + layers 0-2",
-            marks=pytest.mark.extended,
-        ),  # also pp2_1f1b of test_parallel_equivalence
+        ("1F1B", 1, "stage 0 (pp rank 0): tok_embeddings + layers 0-2"),
         # the embedding and norm + output count as a layer each (upstream's split): 1-2-2-1
         ("Interleaved1F1B", 1, "stage 2 (pp rank 0): layers 3-4; stage 3 (pp rank 1): layer 5 +"),
         ("ZBVZeroBubble", 1, "stage 2 (pp rank 1): layers 3-4; stage 3 (pp rank 0): layer 5 +"),
@@ -130,9 +123,10 @@ def test_every_schedule_gives_the_unsplit_gradients(tmp_path):
     ids=["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble"],
 )
 def test_train_py_pipelined_losses_match_one_process(
-    tmp_path, single, schedule, microbatch_size, stage_log
+    pools, tmp_path, single, schedule, microbatch_size, stage_log
 ):
     steps, stdout = _train(
+        pools,
         tmp_path,
         2,
         "--parallelism.pipeline_parallel_degree",
@@ -148,9 +142,9 @@ def test_train_py_pipelined_losses_match_one_process(
 
 
 @pytest.mark.slow
-@pytest.mark.extended
-def test_train_py_pipeline_with_gradient_accumulation(tmp_path, single_batch_8):
+def test_train_py_pipeline_with_gradient_accumulation(pools, tmp_path, single_batch_8):
     steps, stdout = _train(
+        pools,
         tmp_path,
         2,
         "--parallelism.pipeline_parallel_degree",
@@ -163,9 +157,8 @@ def test_train_py_pipeline_with_gradient_accumulation(tmp_path, single_batch_8):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
-def test_train_py_pipeline_with_fsdp_in_four_processes(tmp_path, single_batch_8):
-    steps, stdout = _train(tmp_path, 4, "--parallelism.pipeline_parallel_degree", "2")
+def test_train_py_pipeline_with_fsdp_in_four_processes(pools, tmp_path, single_batch_8):
+    steps, stdout = _train(pools, tmp_path, 4, "--parallelism.pipeline_parallel_degree", "2")
     assert "world_size=4 dp_replicate=1 dp_shard=2 cp=1 tp=1 pp=2" in stdout
     assert "Applied FSDP" in stdout
     _assert_same_run(steps, single_batch_8)

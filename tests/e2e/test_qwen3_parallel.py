@@ -23,7 +23,6 @@ import sys
 import pytest
 from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, pooled, tensorboard_scalars, train_env
 from repo_paths import HELPERS, ROOT
-from tiers import params
 
 STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
 
@@ -89,9 +88,7 @@ def baselines(pools, tmp_path_factory):
 
 
 @pytest.mark.slow
-# tp2 in the extended tier: fsdp2_tp2 runs the same TP plan (and the QK norms' gradients under
-# TP 2 are compared directly below)
-@pytest.mark.parametrize("layout", params(LAYOUTS, extended=["tp2"]))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_qwen3_layout_matches_one_process(pools, tmp_path, baselines, layout):
     ngpu, extra = LAYOUTS[layout]
     baseline = baselines(UNTIED if UNTIED[1] in extra else [])

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launcher import cache_env, console_losses, launch, tensorboard_run
+from launcher import cache_env, console_losses, launch, pooled, tensorboard_run
 from repo_paths import ROOT, SENTENCEPIECE_PATH
 
 
@@ -34,9 +34,10 @@ def test_default_debug_run_loss_falls_and_writes_tensorboard(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
-def test_four_cpu_workers_with_fsdp(tmp_path):
-    out = launch(
+def test_four_cpu_workers_with_fsdp(pools, tmp_path):
+    """In the session's warm pool of 4 ranks (its rank-0 log as stdout)."""
+    out = pooled(
+        pools,
         tmp_path,
         "--training.steps",
         "6",
@@ -45,7 +46,6 @@ def test_four_cpu_workers_with_fsdp(tmp_path):
         "--training.local_batch_size",
         "2",
         ngpu=4,
-        timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "world_size=4 dp_replicate=1 dp_shard=4 cp=1 tp=1 pp=1" in out.stdout
@@ -56,9 +56,10 @@ def test_four_cpu_workers_with_fsdp(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
-def test_ddp_with_gradient_accumulation(tmp_path):
-    out = launch(
+def test_ddp_with_gradient_accumulation(pools, tmp_path):
+    """In the session's warm pool of 2 ranks (its rank-0 log as stdout)."""
+    out = pooled(
+        pools,
         tmp_path,
         "--parallelism.data_parallel_replicate_degree",
         "2",

@@ -1,20 +1,15 @@
-"""Run by tests/e2e/test_checkpoint_disk.py under torchrun (2 CPU processes, gloo): a save whose
-failure only rank 0 sees (its ``COMPLETE`` marker cannot be written), synchronously or in the
-background, where the ranks find out at different steps. Every rank must reach the same decision
-at the same call. Usage::
+"""A case of tests/e2e/test_checkpoint_disk.py, run on both ranks of a warm pool
+(tests/helpers/pool.py, gloo): a save whose failure only rank 0 sees (its ``COMPLETE`` marker
+cannot be written), synchronously or in the background, where the ranks find out at different
+steps. Every rank must reach the same decision at the same call.
 
-    save_failure_worker.py FOLDER sync|async stop|continue
-
-Each rank prints ``RESULT <rank> <call> <outcome>`` per call and ``LOG <rank> <line>`` per
-error line it logged."""
+``save_failure_worker:run(folder, "sync"|"async", "stop"|"continue")`` returns the rank's lines:
+``RESULT <rank> <call> <outcome>`` per call and ``LOG <rank> <line>`` per error line it logged."""
 
 from __future__ import annotations
 
 import errno
 import logging
-import os
-import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -35,31 +30,41 @@ class _Stateful:
 
 
 class _Lines(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(level=logging.ERROR)
+        self.lines = lines
+
     def emit(self, record: logging.LogRecord) -> None:
-        _out(f"LOG {dist.get_rank()} {record.getMessage()}")
-
-
-def _out(line: str) -> None:
-    """One line in one write: the two ranks share the pipe, and lines must not interleave."""
-    os.write(1, f"{line}\n".encode())
+        self.lines.append(f"LOG {dist.get_rank()} {record.getMessage()}")
 
 
 def _no_space(*args, **kwargs) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def _call(rank: int, name: str, fn) -> None:
+def _call(lines: list[str], rank: int, name: str, fn) -> None:
     try:
         outcome = f"returned {fn()}"
     except CheckpointSaveFailed as e:
         outcome = f"raised {e}"
-    _out(f"RESULT {rank} {name} {outcome}")
+    lines.append(f"RESULT {rank} {name} {outcome}")
 
 
-def main(folder: str, mode: str, on_save_error: str) -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+def run(folder: str, mode: str, on_save_error: str) -> list[str]:
+    lines: list[str] = []
+    handler = _Lines(lines)
+    logging.getLogger("torchtitan").addHandler(handler)
+    real_marker = manager_module.write_marker
+    try:
+        _saves(lines, folder, mode, on_save_error)
+    finally:
+        manager_module.write_marker = real_marker
+        logging.getLogger("torchtitan").removeHandler(handler)
+    return lines
+
+
+def _saves(lines: list[str], folder: str, mode: str, on_save_error: str) -> None:
     rank = dist.get_rank()
-    logging.getLogger("torchtitan").addHandler(_Lines(level=logging.ERROR))
     cfg = JobConfig()
     cfg.job.dump_folder = folder
     cfg.training.steps = 100
@@ -86,18 +91,13 @@ def main(folder: str, mode: str, on_save_error: str) -> None:
     if rank == 0:
         manager_module.write_marker = _no_space  # only rank 0 writes the marker: only it fails
     if mode == "sync":
-        _call(rank, "save-10", lambda: manager.save(10, model_only=False))
+        _call(lines, rank, "save-10", lambda: manager.save(10, model_only=False))
     else:
         manager.save(10, model_only=False)  # in the background
         if rank == 0:  # finds out (poll, as each step does); rank 1 has not looked yet
             while manager._pending is not None:
                 manager.poll()
     manager_module.write_marker = real_marker
-    _call(rank, "save-15", lambda: manager.save(15, model_only=False))
-    _call(rank, "close", manager.close)
+    _call(lines, rank, "save-15", lambda: manager.save(15, model_only=False))
+    _call(lines, rank, "close", manager.close)
     dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:4])
