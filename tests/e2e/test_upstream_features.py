@@ -21,7 +21,7 @@ full precision from TensorBoard) must match one unbroken process within 1e-4 (me
 from __future__ import annotations
 
 import pytest
-from launcher import launch, tensorboard_scalars_all_runs
+from launcher import pooled, tensorboard_scalars_all_runs
 from repo_paths import ASSETS
 
 STEPS = 4
@@ -104,26 +104,27 @@ LOGGED = {
 }
 
 
-def _train(tmp_path, steps: int, extra: list[str], ngpu: int = 1) -> str:
-    out = launch(tmp_path, *COMMON, "--training.steps", str(steps), *extra, ngpu=ngpu)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out.stdout
+def _train(pools, tmp_path, steps: int, extra: list[str], ngpu: int = 1) -> str:
+    """The run's rank-0 log, trained in the session's warm pool of ``ngpu`` ranks."""
+    return pooled(
+        pools, tmp_path, *COMMON, "--training.steps", str(steps), *extra, ngpu=ngpu
+    ).stdout
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> dict[str, dict[int, float]]:
+def one_process(pools, tmp_path_factory) -> dict[str, dict[int, float]]:
     tmp = tmp_path_factory.mktemp("one_process")
-    _train(tmp, STEPS, ["--training.local_batch_size", "8"])
+    _train(pools, tmp, STEPS, ["--training.local_batch_size", "8"])
     return {tag: tensorboard_scalars_all_runs(tmp / "out", tag) for tag in ("loss", "grad_norm")}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_upstream_case_matches_one_process_through_a_resume(tmp_path, one_process, case):
+def test_upstream_case_matches_one_process_through_a_resume(pools, tmp_path, one_process, case):
     ngpu, extra = CASES[case]
-    first = _train(tmp_path, 2, extra, ngpu)
+    first = _train(pools, tmp_path, 2, extra, ngpu)
     assert LOGGED[case] in first
-    resumed = _train(tmp_path, STEPS, extra, ngpu)
+    resumed = _train(pools, tmp_path, STEPS, extra, ngpu)
     assert "Loaded training state from" in resumed and "(step 2)" in resumed
     losses = tensorboard_scalars_all_runs(tmp_path / "out")
     assert sorted(losses) == list(range(1, STEPS + 1))

@@ -60,9 +60,17 @@ def _worker(
         timeout=timedelta(seconds=600),
     )
     conn.send(("ready", rank))
-    while (message := conn.recv()) is not None:
+    while (message := _next_case(conn)) is not None:
         conn.send(_run_case(*message))
     dist.destroy_process_group()
+
+
+def _next_case(conn: Connection) -> tuple | None:
+    """The next case, or None when the pool closes or its process is gone (the pipe's end)."""
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
 
 
 def _groups() -> set[Any]:
@@ -161,7 +169,8 @@ class WorkerPool:
             for r, (_, child) in enumerate(pipes)
         ]
         for p in self._procs:
-            p.daemon = True
+            # not daemonic: a case may start processes of its own (data loader workers); a rank
+            # whose test process is gone reads the pipe's end and leaves
             p.start()
         self._conns = [parent for parent, _ in pipes]
         self.starts += 1
