@@ -15,7 +15,7 @@ from launcher import (
     EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
     console_losses,
-    launch,
+    pooled,
     tensorboard_run,
     tensorboard_scalars,
     tensorboard_scalars_all_runs,
@@ -76,16 +76,16 @@ LAYOUTS = {
 }
 
 
-def _run(tmp_path: Path, corpus: Path, ngpu: int, *extra: str) -> str:
-    out = launch(tmp_path, *EQUIVALENCE_ARGS, *mixture(corpus), *extra, ngpu=ngpu, timeout=900)
+def _run(pools, tmp_path: Path, corpus: Path, ngpu: int, *extra: str) -> str:
+    out = pooled(pools, tmp_path, *EQUIVALENCE_ARGS, *mixture(corpus), *extra, ngpu=ngpu)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory, corpus) -> tuple[dict[int, float], Path, str]:
+def one_process(pools, tmp_path_factory, corpus) -> tuple[dict[int, float], Path, str]:
     tmp = tmp_path_factory.mktemp("mixed_single")
-    stdout = _run(tmp, corpus, 1, "--training.local_batch_size", "4")
+    stdout = _run(pools, tmp, corpus, 1, "--training.local_batch_size", "4")
     losses = tensorboard_scalars(tmp / "out")
     assert sorted(losses) == list(range(1, EQUIVALENCE_STEPS + 1))
     # it trains, so that matching losses mean something (8 shuffled steps fall less than 0.2)
@@ -109,21 +109,25 @@ def test_the_mixture_is_logged_and_counted_per_source(one_process):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_mixed_shuffled_data_trains_alike_under_every_layout(tmp_path, corpus, one_process, layout):
+def test_mixed_shuffled_data_trains_alike_under_every_layout(
+    pools, tmp_path, corpus, one_process, layout
+):
     ngpu, extra = LAYOUTS[layout]
-    _run(tmp_path, corpus, ngpu, *extra)
+    _run(pools, tmp_path, corpus, ngpu, *extra)
     losses, baseline = tensorboard_scalars(tmp_path / "out"), one_process[0]
     for step in range(1, EQUIVALENCE_STEPS + 1):
         assert abs(losses[step] - baseline[step]) <= 1e-4, (step, losses, baseline)
 
 
 @pytest.mark.slow
-def test_mixed_shuffled_data_resumes_exactly_on_another_layout(tmp_path, corpus, one_process):
+def test_mixed_shuffled_data_resumes_exactly_on_another_layout(
+    pools, tmp_path, corpus, one_process
+):
     """4 steps on 2 ranks with a checkpoint, then the last 4 on one process."""
     ckpt = ["--checkpoint.enable", "--checkpoint.interval", "4"]
     first = ["--training.steps", "4", "--lr_scheduler.total_steps", str(EQUIVALENCE_STEPS)]
-    _run(tmp_path, corpus, 2, "--training.local_batch_size", "4", *ckpt, *first)
-    stdout = _run(tmp_path, corpus, 1, "--training.local_batch_size", "8", *ckpt)
+    _run(pools, tmp_path, corpus, 2, "--training.local_batch_size", "4", *ckpt, *first)
+    stdout = _run(pools, tmp_path, corpus, 1, "--training.local_batch_size", "8", *ckpt)
     assert "(step 4)" in stdout
     resumed = tensorboard_scalars_all_runs(tmp_path / "out")
     for step in range(1, EQUIVALENCE_STEPS + 1):
@@ -131,7 +135,7 @@ def test_mixed_shuffled_data_resumes_exactly_on_another_layout(tmp_path, corpus,
 
 
 @pytest.mark.slow
-def test_one_small_text_file_trains_with_a_larger_global_batch(tmp_path):
+def test_one_small_text_file_trains_with_a_larger_global_batch(pools, tmp_path):
     """A 40 kB .txt is one document; the global batch of 8 sequences is cut from its tokens."""
     book = tmp_path / "book.txt"
     lines = [
@@ -139,7 +143,8 @@ def test_one_small_text_file_trains_with_a_larger_global_batch(tmp_path):
     ]
     book.write_text("\n".join(lines))
     assert 35_000 < book.stat().st_size < 50_000
-    out = launch(
+    out = pooled(
+        pools,
         tmp_path,
         "--training.dataset_path",
         str(book),

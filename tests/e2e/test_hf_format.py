@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 from hf_folders import debug_model_args
-from launcher import launch
+from launcher import pooled
 from repo_paths import ROOT, TIKTOKEN_PATH
 
 from torchtitan.checkpoint.hf_files import read_folder
@@ -20,8 +20,10 @@ from torchtitan.models.llama.model import Transformer
 transformers = pytest.importorskip("transformers")
 
 
-def _launch(tmp_path, ngpu, *args):
-    out = launch(
+def _launch(pools, tmp_path, ngpu, *args):
+    """A run in the session's warm pool of ``ngpu`` ranks (its rank-0 log as stdout)."""
+    return pooled(
+        pools,
         tmp_path,
         "--training.seq_len",
         "64",
@@ -32,17 +34,15 @@ def _launch(tmp_path, ngpu, *args):
         "--checkpoint.enable",
         *args,
         ngpu=ngpu,
-        timeout=900,
     )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(pools, tmp_path_factory):
     """FSDP 2 trains the debug model 4 steps: DCP step-4 and its export step-4-hf."""
     first = tmp_path_factory.mktemp("first")
     _launch(
+        pools,
         first,
         2,
         "--training.steps",
@@ -57,7 +57,7 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_export_after_training_and_import_into_another_layout(tmp_path, trained):
+def test_export_after_training_and_import_into_another_layout(pools, tmp_path, trained):
     """The export of an FSDP 2 run (last_save_in_hf): transformers computes the logits of the
     trained weights (read back from the DCP checkpoint). A PP 2 job then starts from that
     export with learning rate ~0 and exports again: the weights come back bit for bit."""
@@ -79,6 +79,7 @@ def test_export_after_training_and_import_into_another_layout(tmp_path, trained)
     second = tmp_path / "second"
     second.mkdir()
     out = _launch(
+        pools,
         second,
         2,
         "--training.steps",

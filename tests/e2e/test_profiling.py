@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from launcher import launch
+from launcher import pooled
 
 
 @pytest.mark.slow
-def test_traces_are_written_per_rank_on_the_schedule(tmp_path):
-    out = launch(
+def test_traces_are_written_per_rank_on_the_schedule(pools, tmp_path):
+    out = pooled(
+        pools,
         tmp_path,
         "--training.steps",
         "4",

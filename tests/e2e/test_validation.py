@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from launcher import launch, tensorboard_scalars
+from launcher import pooled, tensorboard_scalars
 
 COMMON = [
     "--training.steps",
@@ -32,9 +32,9 @@ COMMON = [
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> dict[int, float]:
+def one_process(pools, tmp_path_factory) -> dict[int, float]:
     tmp = tmp_path_factory.mktemp("val_one")
-    out = launch(tmp, *COMMON, "--training.local_batch_size", "4")
+    out = pooled(pools, tmp, *COMMON, "--training.local_batch_size", "4")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "validation: step 2  loss: " in out.stdout and "(3 batches per rank" in out.stdout
     losses = tensorboard_scalars(tmp / "out", "validation/loss")
@@ -61,8 +61,8 @@ def one_process(tmp_path_factory) -> dict[int, float]:
     ],
     ids=["fsdp2", "pp2"],
 )
-def test_validation_loss_is_the_same_under_fsdp_and_pp(tmp_path, one_process, layout):
-    out = launch(tmp_path, *COMMON, *layout, ngpu=2)
+def test_validation_loss_is_the_same_under_fsdp_and_pp(pools, tmp_path, one_process, layout):
+    out = pooled(pools, tmp_path, *COMMON, *layout, ngpu=2)
     assert out.returncode == 0, out.stderr[-3000:]
     losses = tensorboard_scalars(tmp_path / "out", "validation/loss")
     assert sorted(losses) == [2, 4]
@@ -71,14 +71,15 @@ def test_validation_loss_is_the_same_under_fsdp_and_pp(tmp_path, one_process, la
 
 
 @pytest.mark.slow
-def test_a_whole_dataset_pass_ends_together_on_every_rank(tmp_path):
+def test_a_whole_dataset_pass_ends_together_on_every_rank(pools, tmp_path):
     """steps -1 reads until the first rank runs out: 5 rows over 2 virtual shards (one per rank:
     3 rows and 2 rows) give rank 0 more windows than rank 1; both stop at rank 1's count, and
     every evaluation starts again from the beginning (the same count each time)."""
     data = tmp_path / "val.jsonl"
     rows = [{"text": "the quick brown fox jumps over the lazy dog " * 12} for _ in range(5)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = launch(
+    out = pooled(
+        pools,
         tmp_path,
         *COMMON,
         "--training.local_batch_size",
