@@ -77,17 +77,18 @@ def test_generate_from_a_folder_without_tokenizer_flag(hf_folder):
 
 
 @pytest.mark.slow
-def test_training_starts_from_a_hf_assets_folder(hf_folder, tmp_path):
+def test_training_starts_from_a_hf_assets_folder(pools, hf_folder, tmp_path):
     """--model.hf_assets_path FOLDER --checkpoint.initial_load_in_hf: the tokenizer (vocabulary
     1000, not the test tokenizer's 2256) and the weights come from the folder. With a learning
     rate of ~0 the run's own export gives the folder's weights back bit for bit, and its tokenizer
     files."""
     import torch
-    from launcher import launch
+    from launcher import pooled
 
     from torchtitan.checkpoint.hf_files import read_folder
 
-    out = launch(
+    out = pooled(
+        pools,
         tmp_path,
         "--model.hf_assets_path",
         str(hf_folder),
@@ -106,7 +107,6 @@ def test_training_starts_from_a_hf_assets_folder(hf_folder, tmp_path):
         "0",
         "--debug.seed",
         "42",
-        timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"Loaded Hugging Face weights from {hf_folder}" in out.stdout

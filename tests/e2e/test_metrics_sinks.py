@@ -9,7 +9,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from launcher import launch
+from launcher import launch, pooled
 
 from torchtitan.observability.tb_events import read_scalars
 
@@ -81,8 +81,8 @@ def test_wandb_offline_logs_the_same_scalars_and_the_config(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_every_rank_writes_its_own_tensorboard_run(tmp_path):
-    out = launch(tmp_path, *SHORT, "--metrics.save_for_all_ranks", ngpu=2)
+def test_every_rank_writes_its_own_tensorboard_run(pools, tmp_path):
+    out = pooled(pools, tmp_path, *SHORT, "--metrics.save_for_all_ranks", ngpu=2)
     assert out.returncode == 0, out.stderr[-3000:]
     per_rank = [read_scalars(tmp_path / "out" / "tb" / f"rank_{r}") for r in (0, 1)]
     assert sorted(per_rank[0]) == [1, 2, 3]

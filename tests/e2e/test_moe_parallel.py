@@ -31,7 +31,6 @@ import pytest
 from launcher import (
     EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
-    launch,
     pooled,
     tensorboard_scalars_all_runs,
 )
@@ -337,7 +336,7 @@ def test_compiled_llama4_blocks_give_eager_gradients():
 
 
 @pytest.mark.slow
-def test_the_expert_bias_keeps_the_load_balanced_on_the_debug_data(tmp_path):
+def test_the_expert_bias_keeps_the_load_balanced_on_the_debug_data(pools, tmp_path):
     """30 steps of the Llama 4 debug model at a high LR on the debug data: without balancing the
     routing drifts towards a few experts (measured: max/mean load 1.38 at step 1, 2.57 on
     average over steps 21-30); with the expert bias moving 1e-2 per step it stays balanced
@@ -345,25 +344,23 @@ def test_the_expert_bias_keeps_the_load_balanced_on_the_debug_data(tmp_path):
     ratios = {}
     for coeff in ("0", "0.01"):
         folder = tmp_path / coeff
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv("CONFIG_FILE", str(ROOT / "train_configs" / CONFIGS["llama4"]))
-            out = launch(
-                folder,
-                "--training.steps",
-                "30",
-                "--training.seq_len",
-                "64",
-                "--training.local_batch_size",
-                "8",
-                "--metrics.log_freq",
-                "1",
-                "--debug.seed",
-                "42",
-                "--moe.load_balance_coeff",
-                coeff,
-                timeout=900,
-            )
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        pooled(
+            pools,
+            folder,
+            "--training.steps",
+            "30",
+            "--training.seq_len",
+            "64",
+            "--training.local_batch_size",
+            "8",
+            "--metrics.log_freq",
+            "1",
+            "--debug.seed",
+            "42",
+            "--moe.load_balance_coeff",
+            coeff,
+            config=str(ROOT / "train_configs" / CONFIGS["llama4"]),
+        )
         load = tensorboard_scalars_all_runs(folder / "out", "moe/load_max_over_mean")
         ratios[coeff] = sum(load[s] for s in range(21, 31)) / 10
     assert ratios["0.01"] < 0.75 * ratios["0"], ratios
