@@ -244,10 +244,22 @@ BLOCK_CAUSAL_LAYOUTS["cp2_tp2"] = (
         "8",
     ],
 )
-# Outside CI's time budget (pytest --extended): cp2_tp2_compile (~85 s in the pool, nearly all
-# of it inductor compiling CP's and TP's graphs on 2 cores); compiled blocks stay in CI through
-# loss_chunks_compile and the compiled tests of test_moe_parallel.py and test_qwen3_parallel.py.
-EXTENDED_LAYOUTS = ["cp2_tp2_compile"]
+# Outside CI's time budget (pytest --extended): layouts whose every part a CI layout also runs.
+# cp2_tp2_compile (the slowest, ~90 s) is left to the extended tier; compiled blocks stay in CI
+# through loss_chunks_compile and the compiled tests of test_moe_parallel.py and
+# test_qwen3_parallel.py.
+# hsdp2x2, fsdp2_tp2, pp2_fsdp2, pp2_tp2 and pp2_cp2 are plain degree combinations, which
+# tests/e2e/test_layout_sweep.py trains against one process in CI with every other one.
+EXTENDED_LAYOUTS = [
+    "fsdp2_cp2_ac_op",
+    "ddp2_cp2",
+    "cp2_tp2_compile",
+    "hsdp2x2",
+    "fsdp2_tp2",
+    "pp2_fsdp2",
+    "pp2_tp2",
+    "pp2_cp2",
+]
 
 
 def _run(pools, tmp_path, ngpu: int, extra: list[str]) -> tuple[dict[int, float], str]:
@@ -350,7 +362,9 @@ def muon_baseline(pools, tmp_path_factory, baseline) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", list(MUON_LAYOUTS))
+@pytest.mark.parametrize(
+    "layout", params(MUON_LAYOUTS, extended=["pp2_tp2", "fsdp2_tp2", "pp2_1f1b"])
+)
 def test_muon_layout_matches_one_process(pools, tmp_path, muon_baseline, layout):
     ngpu, extra = MUON_LAYOUTS[layout]
     losses, _ = _run(pools, tmp_path, ngpu, [*extra, *MUON])
