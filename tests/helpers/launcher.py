@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 
-from repo_paths import ROOT
+from repo_paths import DEBUG_TOML, ROOT
 
 # A short FSDP-4 training that the launching tests run on one host and spread over two.
 FOUR_WORKER_ARGS = [
@@ -190,7 +190,7 @@ def pooled(
     launcher's ``CONFIG_FILE``, default the debug model). ``returncode`` 0 and, as ``stdout``,
     what this run added to rank 0's log; a failing run raises the pool's CaseFailed."""
     out = tmp_path / "out"
-    config = config or str(ROOT / "train_configs" / "debug_model.toml")
+    config = config or DEBUG_TOML
     log = out / "logs" / "rank_0.log"
     start = log.stat().st_size if log.exists() else 0
     compiles = any(a.startswith("--compile.enable") for a in args)

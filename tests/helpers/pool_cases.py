@@ -1,4 +1,5 @@
-"""Cases for the pool's own tests (tests/e2e/test_pool.py): run on every rank of a WorkerPool."""
+"""Cases run on every rank of a WorkerPool: ``train`` for every pooled training run
+(``launcher.pooled``), the rest for the pool's own tests (tests/e2e/test_pool.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from pool import pool_scratch
-from repo_paths import ROOT
+from repo_paths import DEBUG_TOML
 
 
 def rank_sum() -> float:
@@ -62,7 +63,7 @@ def train(args: list[str], dump_folder: str | None = None) -> None:
 
     init_logger()
     if "--job.config_file" not in args:  # as run_llama_train.sh: the debug model by default
-        args = ["--job.config_file", str(ROOT / "train_configs" / "debug_model.toml"), *args]
+        args = ["--job.config_file", DEBUG_TOML, *args]
     try:
         train_py.train(parse_args([*args, "--job.dump_folder", dump_folder or pool_scratch()]))
     finally:
