@@ -7,9 +7,18 @@ in tests/helpers, on the path of every run (``pythonpath`` in pyproject.toml).""
 from __future__ import annotations
 
 import os
+import sys
 
-import pytest
-import torch
+# Every e2e test starts Python processes that import torch. Where PYTHONDONTWRITEBYTECODE is set
+# (as in many CI images) nothing imported is ever cached as .pyc, so each process compiles torch's
+# modules again: `import torch` took 4.7 s against 1.9 s on the 2-core VM, and the launcher, Slurm
+# and preemption tests 791 s against 436 s on a clean clone (docs/getting_started.md: tests).
+# The suite and the processes it starts cache their bytecode.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Helpers whose checks are asserts: pytest's detailed assertion messages there as in a test file.
 pytest.register_assert_rewrite("download_scripts", "norm_checks")
