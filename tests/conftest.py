@@ -25,29 +25,6 @@ pytest.register_assert_rewrite("download_scripts", "norm_checks")
 
 from launcher import FOUR_WORKER_ARGS, PREEMPT_ARGS, launch, tensorboard_scalars  # noqa: E402
 
-EXTENDED = (
-    "extended tier: a variation whose code paths a CI test already covers; "
-    "run with --extended (or TORCHTITAN_EXTENDED_TESTS=1)"
-)
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--extended",
-        action="store_true",
-        help="also run the tests marked extended (docs/getting_started.md: tests)",
-    )
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """CI runs the default tier; tests marked ``extended`` are skipped, with the reason shown,
-    unless ``--extended`` or ``TORCHTITAN_EXTENDED_TESTS=1`` asks for them."""
-    if config.getoption("--extended") or os.environ.get("TORCHTITAN_EXTENDED_TESTS") == "1":
-        return
-    for item in items:
-        if item.get_closest_marker("extended"):
-            item.add_marker(pytest.mark.skip(reason=EXTENDED))
-
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_cache(tmp_path_factory):

@@ -26,7 +26,6 @@ def _bench(tmp_path, script: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_train_throughput_table_from_the_real_runs(tmp_path):
     out = _bench(
         tmp_path,
@@ -97,7 +96,6 @@ def test_plain_loop_reports_both_step_times_and_their_ratio(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_startup_breakdown_covers_the_launch(tmp_path):
     out = _bench(
         tmp_path,
@@ -254,7 +252,6 @@ def test_train_throughput_setting_may_set_its_own_process_count():
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_muon_step_shares_out_the_matrices_with_the_same_result(tmp_path):
     out = _bench(tmp_path, "muon_step.py", "--ranks", "2", "--repeats", "1", "--json")
     assert out.returncode == 0, out.stderr[-2000:]

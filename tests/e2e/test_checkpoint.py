@@ -20,7 +20,6 @@ from launcher import (
     worker_pids,
 )
 from repo_paths import ROOT
-from tiers import params
 
 from torchtitan.checkpoint import scan
 
@@ -76,7 +75,7 @@ def unbroken(pools, tmp_path_factory) -> dict[int, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "async_mode",
-    params(["disabled", "async", "async_with_pinned_mem"], extended=["async_with_pinned_mem"]),
+    ["disabled", "async", "async_with_pinned_mem"],
 )
 def test_resume_gives_the_same_losses_as_an_unbroken_run(pools, tmp_path, unbroken, async_mode):
     """Background saves too: training goes on while they are written, then they are marked."""
@@ -137,10 +136,9 @@ def test_block_causal_training_resumes_exactly(pools, tmp_path):
                 ],
             ),
         ),
-        pytest.param(
+        (
             (4, ["--training.local_batch_size", "2"]),
             (2, ["--training.local_batch_size", "4"]),
-            marks=pytest.mark.extended,
         ),
     ],
     ids=["fsdp2_to_tp2", "pp_off_to_pp2", "dp4_to_dp2"],
@@ -244,7 +242,6 @@ def test_incomplete_damaged_and_old_checkpoints(pools, tmp_path, unbroken):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_only_checkpoint_damaged_and_missing_load_step_are_one_line_errors(pools, tmp_path):
     _train(pools, tmp_path, 5, *ONE_PROCESS)
     out = _train(pools, tmp_path, 10, *ONE_PROCESS, "--checkpoint.load_step", "7", ok=False)
@@ -368,7 +365,6 @@ def test_seed_checkpoint_starts_a_run_of_another_layout(pools, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_excluded_state_is_not_loaded(pools, tmp_path, unbroken):
     """exclude_from_loading dataloader: the model, optimizer and step come back, the data
     starts again from its first batch (so step 11 sees batch 1 and its loss differs)."""
@@ -457,7 +453,6 @@ def test_ranks_agree_on_falling_back_past_a_checkpoint_one_stage_cannot_load(
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_resume_refuses_a_checkpoint_with_other_block_counts(pools, tmp_path):
     """Changing model.n_layers between runs must not resume from a prefix of the saved blocks;
     initial_load_path may start a shallower model from the first blocks on purpose."""
@@ -486,7 +481,6 @@ def test_resume_refuses_a_checkpoint_with_other_block_counts(pools, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_interval_in_seconds_saves_by_the_clock_on_every_rank_alike(pools, tmp_path):
     """checkpoint.interval_type = "seconds": a save once the interval has passed on any rank's
     clock, the ranks agreeing (a rank saving alone would hang the collective save)."""

@@ -99,7 +99,6 @@ def test_float8_tracks_float32(pools, tmp_path, float8_one_process):
     assert reference[1] - min(reference.values()) > 0.05, reference  # it trains
 
 
-@pytest.mark.extended
 def test_fsdp_float8_all_gather_matches_one_process(pools, tmp_path, float8_one_process):
     losses, log = _losses(
         pools,

@@ -35,7 +35,6 @@ from launcher import (
     tensorboard_scalars_all_runs,
 )
 from repo_paths import ROOT
-from tiers import params
 
 STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
 CONFIGS = {"llama4": "llama4_debug.toml", "qwen3_moe": "qwen3_moe_debug.toml"}
@@ -131,27 +130,8 @@ def baselines(pools, tmp_path_factory) -> dict[str, dict[int, float]]:
     return out
 
 
-# Outside CI's time budget (pytest --extended): EP 4 (CI resumes under EP 4, and runs it with
-# whole experts over TP) and whole experts over TP without FSDP (CI runs them with it); and the
-# Llama 4 layouts that are plain degree combinations, which tests/e2e/test_layout_sweep.py trains
-# against one process in CI (4 steps, the same bar: every EP, ETP, TP, PP, CP and FSDP
-# combination on 2 and 4 processes). CI keeps compile and Qwen3-MoE here.
-EXTENDED_LAYOUTS = [
-    "llama4_ep4",
-    "llama4_ep2_tp2_etp1",
-    "llama4_ep2_tp2_etp1_pp2",
-    "llama4_ep2",
-    "llama4_ep2_fsdp2",
-    "llama4_ep2_tp2",
-    "llama4_ep2_tp2_etp1_fsdp2",
-    "llama4_ep4_tp2_etp1",
-    "llama4_ep2_pp2",
-    "llama4_ep2_cp2",
-]
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", params(LAYOUTS, extended=EXTENDED_LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_moe_layout_matches_one_process(pools, tmp_path, baselines, layout):
     family, ngpu, extra = LAYOUTS[layout]
     losses, baseline = _run(pools, tmp_path, family, ngpu, extra), baselines[family]
@@ -193,7 +173,7 @@ def muon_baselines(pools, tmp_path_factory, baselines) -> dict[str, dict[int, fl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", params(MUON_LAYOUTS, extended=MUON_LAYOUTS[1:]))
+@pytest.mark.parametrize("layout", list(MUON_LAYOUTS))
 def test_muon_under_expert_parallel_matches_one_process(pools, tmp_path, muon_baselines, layout):
     family, ngpu, extra = LAYOUTS[layout]
     losses, baseline = _run(pools, tmp_path, family, ngpu, [*extra, *MUON]), muon_baselines(family)
@@ -246,7 +226,6 @@ def test_expert_parallel_resumes_exactly_and_under_another_degree(pools, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_muon_state_of_the_experts_resumes_under_another_expert_parallel_degree(pools, tmp_path):
     """Muon's momentum of the experts (split on the expert dim) saved under EP 2 at step 4 and
     loaded under EP 4: the first step after the resume, computed from the loaded state alone,
@@ -271,7 +250,7 @@ def test_muon_state_of_the_experts_resumes_under_another_expert_parallel_degree(
     [
         (False, ["llama4", "qwen3_moe"]),
         (True, ["llama4"]),
-        pytest.param(True, ["qwen3_moe"], marks=pytest.mark.extended),
+        (True, ["qwen3_moe"]),
     ],
     ids=["eager", "compiled_blocks", "compiled_blocks_qwen3_moe"],
 )

@@ -212,7 +212,6 @@ def test_model_logits_identical_across_norm_types():
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_fused_and_compiled_under_tensor_parallel():
     """Under TP=2 the debug model with fused_rmsnorm (its PyTorch path on CPU: the DTensor
     handling is the same as on a GPU) and with compiled_rmsnorm, eager and inside compiled

@@ -16,7 +16,6 @@ import re
 
 import pytest
 from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, tensorboard_scalars
-from tiers import params
 
 STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
 
@@ -244,22 +243,6 @@ BLOCK_CAUSAL_LAYOUTS["cp2_tp2"] = (
         "8",
     ],
 )
-# Outside CI's time budget (pytest --extended): layouts whose every part a CI layout also runs.
-# cp2_tp2_compile (the slowest, ~90 s) is left to the extended tier; compiled blocks stay in CI
-# through loss_chunks_compile and the compiled tests of test_moe_parallel.py and
-# test_qwen3_parallel.py.
-# hsdp2x2, fsdp2_tp2, pp2_fsdp2, pp2_tp2 and pp2_cp2 are plain degree combinations, which
-# tests/e2e/test_layout_sweep.py trains against one process in CI with every other one.
-EXTENDED_LAYOUTS = [
-    "fsdp2_cp2_ac_op",
-    "ddp2_cp2",
-    "cp2_tp2_compile",
-    "hsdp2x2",
-    "fsdp2_tp2",
-    "pp2_fsdp2",
-    "pp2_tp2",
-    "pp2_cp2",
-]
 
 
 def _run(pools, tmp_path, ngpu: int, extra: list[str]) -> tuple[dict[int, float], str]:
@@ -315,7 +298,7 @@ def test_block_causal_layout_matches_one_process(pools, tmp_path, block_causal_b
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", params(LAYOUTS, extended=EXTENDED_LAYOUTS))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_one_process(pools, tmp_path, baseline, layout):
     ngpu, extra = LAYOUTS[layout]
     losses, stdout = _run(pools, tmp_path, ngpu, extra)
@@ -362,9 +345,7 @@ def muon_baseline(pools, tmp_path_factory, baseline) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "layout", params(MUON_LAYOUTS, extended=["pp2_tp2", "fsdp2_tp2", "pp2_1f1b"])
-)
+@pytest.mark.parametrize("layout", list(MUON_LAYOUTS))
 def test_muon_layout_matches_one_process(pools, tmp_path, muon_baseline, layout):
     ngpu, extra = MUON_LAYOUTS[layout]
     losses, _ = _run(pools, tmp_path, ngpu, [*extra, *MUON])

@@ -24,7 +24,6 @@ from launcher import (
     worker_pids,
 )
 from repo_paths import ROOT
-from tiers import params
 
 SCRIPT = str(ROOT / "run_llama_train.sh")
 
@@ -290,9 +289,7 @@ def _run_on_two_hosts(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "style", params(["explicit", "kubeflow_pods", "kubeflow_pet"], extended=["kubeflow_pet"])
-)
+@pytest.mark.parametrize("style", ["explicit", "kubeflow_pods", "kubeflow_pet"])
 def test_two_hosts_train_as_one_job_of_four(tmp_path, two_hosts, one_host_losses, style):
     # explicit: node 0's address; Kubeflow: a name, as the operator's service name is
     master = f"{SUBNET}.1" if style == "explicit" else _hostname(two_hosts[0])
