@@ -61,14 +61,19 @@ def _compiled(name: str) -> Any:
 
 
 def flex_document_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any, compiled: bool = True
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_mask: Any,
+    compiled: bool = True,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """FlexAttention of ``q [B, H, T, D]`` over ``k, v [B, H_kv, T, D]`` under ``block_mask``;
     ``compiled=False`` runs torch's unfused reference (the CPU check of the mask logic)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     fn = _compiled("flex_attention") if compiled else flex_attention
-    return fn(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+    return fn(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1], scale=scale)
 
 
 class CausalAttention(nn.Module):
@@ -91,11 +96,22 @@ class CausalAttention(nn.Module):
         return document_mask(doc_ids)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: Any = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
+        """``scale``: the softmax scale, default ``1 / sqrt(D)`` of the queries' ``D``. Values
+        may have a head size of their own (multi-head latent attention)."""
         gqa = q.shape[1] != k.shape[1]
         if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=gqa, scale=scale
+            )
         if isinstance(mask, torch.Tensor):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        return flex_document_attention(q, k, v, mask)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=gqa, scale=scale
+            )
+        return flex_document_attention(q, k, v, mask, scale=scale)

@@ -92,3 +92,37 @@ def apply_half_split(
         return (x32 * cos + torch.cat((second, first), dim=-1) * signed_sin).type_as(x)
 
     return rotate(xq), rotate(xk)
+
+
+def yarn_inv_freqs(
+    head_dim: int,
+    theta: float,
+    factor: float,
+    original_max_seq_len: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> torch.Tensor:
+    """YaRN's "NTK-by-parts" frequencies (arXiv 2309.00071, as DeepSeek-V2/V3 publish them),
+    float64: pairs that turn more than ``beta_fast`` times over ``original_max_seq_len`` keep
+    their frequency, those turning fewer than ``beta_slow`` times are divided by ``factor``, and
+    a linear ramp over the pair index (its ends rounded outward) blends the two in between."""
+
+    def pair_turning(turns: float) -> float:  # the pair index that turns ``turns`` times
+        return (
+            head_dim
+            * math.log(original_max_seq_len / (turns * 2 * math.pi))
+            / (2 * math.log(theta))
+        )
+
+    low = max(math.floor(pair_turning(beta_fast)), 0)
+    high = min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
+    freqs = inv_freqs(head_dim, theta)
+    ramp = (torch.arange(head_dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)
+    keep = 1.0 - ramp.clamp(0.0, 1.0)  # 1: the original frequency, 0: divided by the factor
+    return freqs / factor * (1.0 - keep) + freqs * keep
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature ``0.1 * mscale * ln(factor) + 1`` (1 without scaling). MLA
+    multiplies its softmax scale by the square of ``yarn_mscale(factor, mscale_all_dim)``."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
