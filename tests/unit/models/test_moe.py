@@ -177,6 +177,8 @@ def test_inactive_params():
     assert inactive_params(moe) == experts * 4 // 6
     assert dataclasses.replace(moe.args, every=2).is_moe_layer(1)
     assert not dataclasses.replace(moe.args, every=2).is_moe_layer(0)
+    first_two_dense = dataclasses.replace(moe.args, first_dense=2)
+    assert [first_two_dense.is_moe_layer(i) for i in range(4)] == [False, False, True, True]
 
 
 @pytest.mark.parametrize(
@@ -185,6 +187,10 @@ def test_inactive_params():
         ({"score_func": "relu"}, "score_func 'relu'"),
         ({"top_k": 7}, "top_k (7)"),
         ({"every": 0}, "every (0)"),
+        ({"num_groups": 4}, "num_groups (4) must divide num_experts (6)"),
+        ({"num_groups": 6}, "num_groups (6) must divide num_experts (6) into groups of at least 2"),
+        ({"num_groups": 2, "topk_groups": 3}, "topk_groups (3) must be in 1..num_groups (2)"),
+        ({"num_groups": 2, "topk_groups": 1, "top_k": 4}, "top_k (4) exceeds the 3 experts"),
     ],
 )
 def test_bad_args_are_named(kw, words):

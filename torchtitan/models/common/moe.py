@@ -8,7 +8,10 @@ experts every token goes through. Dropless: every expert takes every token route
   in float32, top-k selection (on ``scores + expert_bias`` when the bias is used: the bias only
   chooses, the weights stay the scores), optional renormalization of the top-k weights to sum to
   one (``route_norm``) and a constant factor (``route_scale``). ``score_before_experts`` scales
-  an expert's *input* by its weight instead of its output (Llama 4).
+  an expert's *input* by its weight instead of its output (Llama 4). Group-limited routing
+  (DeepSeek-V3's ``n_group`` / ``topk_group``): the experts form ``num_groups`` equal groups,
+  each ranked by the sum of its two best biased scores, and a token chooses only among the
+  experts of its ``topk_groups`` best groups.
 * **Routed experts** hold their weights stacked: ``w1``/``w3`` ``[E, hidden, dim]`` and ``w2``
   ``[E, dim, hidden]`` (each expert's slice is an ``nn.Linear`` weight). Tokens are sorted by
   expert and run through ``torch._grouped_mm`` (one kernel for all experts; float32 on CPU,
@@ -69,9 +72,15 @@ class MoEArgs:
     route_scale: float = 1.0  # the top-k weights times this
     score_before_experts: bool = False  # weight scales the expert's input (Llama 4), not output
     shared_hidden_dim: int = 0  # the shared expert's SwiGLU width; 0: no shared expert
+    # group-limited routing (DeepSeek-V3): the experts form num_groups groups [n_group]; a token
+    # chooses among the experts of its topk_groups best groups [topk_group], a group ranked by
+    # the sum of its two best (biased) scores. 1 group: every expert.
+    num_groups: int = 1
+    topk_groups: int = 1
     # layer i (from 0) is an MoE layer when (i + 1) % every == 0 (decoder_sparse_step /
     # interleave_moe_layer_step); the others are dense with the family's own width
     every: int = 1
+    first_dense: int = 0  # the first layers are dense whatever every says [first_k_dense_replace]
     # how a run trains, not an architecture setting (not in config.json, not compared):
     # the expert-bias update rate per step (0: the bias stays zero), the auxiliary-loss
     # coefficient (0: none) and the grouped-mm kernel (False: the per-expert loop)
@@ -88,9 +97,25 @@ class MoEArgs:
             raise ValueError(f"top_k ({self.top_k}) must be in 1..num_experts ({self.num_experts})")
         if self.every < 1:
             raise ValueError(f"every ({self.every}) must be at least 1")
+        if self.num_groups > 1:
+            per_group = self.num_experts // self.num_groups
+            if self.num_experts % self.num_groups or per_group < 2:
+                raise ValueError(
+                    f"num_groups ({self.num_groups}) must divide num_experts ({self.num_experts})"
+                    " into groups of at least 2 experts"
+                )
+            if not 1 <= self.topk_groups <= self.num_groups:
+                raise ValueError(
+                    f"topk_groups ({self.topk_groups}) must be in 1..num_groups ({self.num_groups})"
+                )
+            if self.top_k > self.topk_groups * per_group:
+                raise ValueError(
+                    f"top_k ({self.top_k}) exceeds the {self.topk_groups * per_group} experts of"
+                    f" topk_groups ({self.topk_groups}) groups of {per_group}"
+                )
 
     def is_moe_layer(self, layer_id: int) -> bool:
-        return (layer_id + 1) % self.every == 0
+        return layer_id >= self.first_dense and (layer_id + 1) % self.every == 0
 
 
 def inactive_params(model: nn.Module) -> int:
@@ -118,14 +143,27 @@ class TokenChoiceRouter(nn.Module):
         a = self.args
         logits = F.linear(x, _local(self.gate.weight)).float()
         scores = logits.softmax(dim=-1) if a.score_func == "softmax" else logits.sigmoid()
-        if expert_bias is None:
+        if expert_bias is None and a.num_groups == 1:
             weights, experts = scores.topk(a.top_k, dim=-1)
-        else:  # the bias chooses; the weights stay the scores
-            experts = (scores + expert_bias).topk(a.top_k, dim=-1).indices
+        else:  # the bias and the groups choose; the weights stay the scores
+            choice = scores if expert_bias is None else scores + expert_bias
+            if a.num_groups > 1:
+                choice = _best_groups_only(choice, a.num_groups, a.topk_groups)
+            experts = choice.topk(a.top_k, dim=-1).indices
             weights = scores.gather(-1, experts)
         if a.route_norm:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * a.route_scale, experts, scores
+
+
+def _best_groups_only(choice: torch.Tensor, num_groups: int, topk_groups: int) -> torch.Tensor:
+    """``choice [N, E]`` with the experts outside each row's ``topk_groups`` best groups at
+    -inf; a group's rank is the sum of its two best values."""
+    grouped = choice.unflatten(-1, (num_groups, -1))  # [N, G, E / G]
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [N, G]
+    best = group_scores.topk(topk_groups, dim=-1).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(-1, best, True)
+    return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(-2)
 
 
 @torch.library.custom_op("torchtitan::grouped_mm", mutates_args=())
