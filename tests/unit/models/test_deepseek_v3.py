@@ -1,0 +1,157 @@
+"""The DeepSeek-V3 decoder against ``transformers``' ``DeepseekV3ForCausalLM`` on the same random
+weights (tiny configs): dense and MoE layers, q-LoRA or not, YaRN or not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+from torchtitan.models.common.moe import MoEArgs
+from torchtitan.models.deepseek_v3 import DeepSeekV3Model, DeepSeekV3ModelArgs
+
+VOCAB, DIM, LAYERS, EXPERTS, EXPERT_DIM = 64, 32, 3, 8, 8
+
+
+def _configs(q_lora_rank: int, yarn: bool) -> tuple[DeepseekV3Config, DeepSeekV3ModelArgs]:
+    scaling = {
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 16,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+    }
+    theirs = DeepseekV3Config(
+        vocab_size=VOCAB,
+        hidden_size=DIM,
+        intermediate_size=48,
+        moe_intermediate_size=EXPERT_DIM,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=EXPERTS,
+        routed_scaling_factor=2.5,
+        kv_lora_rank=12,
+        q_lora_rank=q_lora_rank or None,
+        qk_rope_head_dim=6,
+        v_head_dim=10,
+        qk_nope_head_dim=8,
+        n_group=4,
+        topk_group=2,
+        num_experts_per_tok=3,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+        rope_scaling=scaling if yarn else None,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    ours = DeepSeekV3ModelArgs(
+        dim=DIM,
+        n_layers=LAYERS,
+        n_heads=4,
+        hidden_dim=48,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=12,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=6,
+        v_head_dim=10,
+        vocab_size=VOCAB,
+        norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_factor=8.0 if yarn else 1.0,
+        rope_original_seq_len=16,
+        rope_mscale=0.707,
+        max_seq_len=128,
+        moe=MoEArgs(
+            num_experts=EXPERTS,
+            top_k=3,
+            hidden_dim=EXPERT_DIM,
+            score_func="sigmoid",
+            route_norm=True,
+            route_scale=2.5,
+            shared_hidden_dim=EXPERT_DIM,
+            num_groups=4,
+            topk_groups=2,
+            first_dense=1,
+            load_balance_coeff=1e-3,
+        ),
+    )
+    return theirs, ours
+
+
+def _their_weights_as_ours(hf: DeepseekV3ForCausalLM, q_lora_rank: int) -> dict:
+    """The test's own name map (the family's adapter will own this)."""
+    sd = {k: v.detach() for k, v in hf.state_dict().items()}
+    out = {
+        "tok_embeddings.weight": sd["model.embed_tokens.weight"],
+        "norm.weight": sd["model.norm.weight"],
+        "output.weight": sd["lm_head.weight"],
+    }
+    attn = {
+        "wkv_a": "kv_a_proj_with_mqa",
+        "kv_norm": "kv_a_layernorm",
+        "wkv_b": "kv_b_proj",
+        "wo": "o_proj",
+        **({"wq_a": "q_a_proj", "q_norm": "q_a_layernorm", "wq_b": "q_b_proj"}),
+    }
+    if not q_lora_rank:
+        attn = {k: v for k, v in attn.items() if k not in ("wq_a", "q_norm", "wq_b")}
+        attn["wq"] = "q_proj"
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        out[f"layers.{i}.attention_norm.weight"] = sd[p + "input_layernorm.weight"]
+        out[f"layers.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
+        for ours, theirs in attn.items():
+            out[f"layers.{i}.attention.{ours}.weight"] = sd[f"{p}self_attn.{theirs}.weight"]
+        mlp = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+        if i == 0:
+            for ours, theirs in mlp.items():
+                out[f"layers.{i}.feed_forward.{ours}.weight"] = sd[f"{p}mlp.{theirs}.weight"]
+            continue
+        gate_up = sd[p + "mlp.experts.gate_up_proj"]
+        out[f"layers.{i}.moe.experts.w1"] = gate_up[:, :EXPERT_DIM]
+        out[f"layers.{i}.moe.experts.w3"] = gate_up[:, EXPERT_DIM:]
+        out[f"layers.{i}.moe.experts.w2"] = sd[p + "mlp.experts.down_proj"]
+        out[f"layers.{i}.moe.router.gate.weight"] = sd[p + "mlp.gate.weight"]
+        out[f"layers.{i}.moe.expert_bias"] = sd[p + "mlp.gate.e_score_correction_bias"]
+        for ours, theirs in mlp.items():
+            out[f"layers.{i}.moe.shared_experts.{ours}.weight"] = sd[
+                f"{p}mlp.shared_experts.{theirs}.weight"
+            ]
+    return out
+
+
+@pytest.mark.parametrize("q_lora_rank", [0, 16], ids=["q_proj", "q_lora"])
+@pytest.mark.parametrize("yarn", [False, True], ids=["rope", "yarn"])
+def test_logits_match_transformers(q_lora_rank, yarn):
+    their_config, args = _configs(q_lora_rank, yarn)
+    torch.manual_seed(0)
+    hf = DeepseekV3ForCausalLM(their_config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(std=0.2 if p.ndim > 1 else 0.3)
+        for layer in hf.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.normal_(std=0.1)
+    ours = DeepSeekV3Model(args)
+    ours.init_weights()
+    missing = ours.load_state_dict(_their_weights_as_ours(hf, q_lora_rank), strict=True)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    tokens = torch.randint(0, VOCAB, (2, 40))
+    with torch.no_grad():
+        want = hf(tokens).logits.float()
+        got = ours(tokens)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # greedy continuation, token for token
+    prompt = tokens[:1, :8]
+    with torch.no_grad():
+        theirs = hf.generate(prompt, max_new_tokens=12, do_sample=False)
+        seq = prompt
+        for _ in range(12):
+            seq = torch.cat([seq, ours(seq)[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(seq, theirs)
