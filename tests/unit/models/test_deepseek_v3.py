@@ -189,3 +189,70 @@ def test_published_parameter_counts(flavor, total, active, without_ends):
     for got, want in ((got_total, total), (got_active, active)):
         if want is not None:
             assert abs(got - want) <= 0.01 * want, (flavor, got, want)
+
+
+def _trained_like(args: DeepSeekV3ModelArgs) -> DeepSeekV3Model:
+    """Our model with norms away from one and a non-zero routing bias, so that every tensor's
+    place matters."""
+    torch.manual_seed(0)
+    model = DeepSeekV3Model(args)
+    model.init_weights()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            if "router" in name:
+                p.mul_(20)
+        for layer in model.layers.values():
+            if layer.moe is not None:
+                layer.moe.expert_bias.normal_(std=0.1)
+    return model.eval()
+
+
+@pytest.mark.parametrize("q_lora_rank", [0, 16], ids=["q_proj", "q_lora"])
+def test_export_loads_in_transformers_and_round_trips(q_lora_rank, tmp_path):
+    """Our export as a folder that ``transformers`` loads itself (same logits), its own save
+    read back bit for bit, and config.json round-tripped to the same hyper-parameters."""
+    from transformers import AutoModelForCausalLM
+
+    from torchtitan.checkpoint.hf_files import read_folder, write_folder
+    from torchtitan.models.deepseek_v3.hf_adapter import DeepSeekV3StateDictAdapter
+
+    _, args = _configs(q_lora_rank, yarn=True)
+    ours = _trained_like(args)
+    adapter = DeepSeekV3StateDictAdapter(args)
+    config = adapter.hf_config(dtype=torch.float32, bos_id=None, eos_id=None)
+    assert DeepSeekV3StateDictAdapter.args_from_hf_config(config) == args
+    write_folder(str(tmp_path / "ours"), adapter.to_hf(ours.state_dict()), config)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ours"), dtype=torch.float32)
+    assert type(hf).__name__ == "DeepseekV3ForCausalLM"
+    tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), hf(tokens).logits.float(), rtol=1e-5, atol=1e-5)
+    hf.save_pretrained(str(tmp_path / "theirs"))
+    expected = {k: v.shape for k, v in ours.state_dict().items()}
+    back = adapter.from_hf(read_folder(str(tmp_path / "theirs")), expected)
+    mine = ours.state_dict()
+    assert sorted(back) == sorted(mine)
+    assert all(torch.equal(back[k], mine[k]) for k in mine)
+
+
+def test_unsupported_configs_are_named():
+    from torchtitan.errors import HFFormatError
+    from torchtitan.models.deepseek_v3.hf_adapter import DeepSeekV3StateDictAdapter
+
+    _, args = _configs(16, yarn=False)
+    config = DeepSeekV3StateDictAdapter(args).hf_config(
+        dtype=torch.float32, bos_id=None, eos_id=None
+    )
+    for bad, words in (
+        ({"scoring_func": "softmax"}, "scoring_func 'softmax'"),
+        ({"rope_interleave": False}, "rope_interleave false"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope type 'linear'"),
+    ):
+        with pytest.raises(HFFormatError, match=words):
+            DeepSeekV3StateDictAdapter.args_from_hf_config({**config, **bad})
+    with pytest.raises(HFFormatError, match="not a DeepSeek-V3 config"):
+        DeepSeekV3StateDictAdapter.args_from_hf_config(
+            {k: v for k, v in config.items() if k != "kv_lora_rank"}
+        )
