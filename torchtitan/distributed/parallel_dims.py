@@ -25,6 +25,8 @@ _KEYS = {
 }
 _EP = "parallelism.expert_parallel_degree"
 _ETP = "parallelism.expert_tensor_parallel_degree"
+#: each degree's config key
+DIM_KEYS = {**_KEYS, "ep": _EP, "etp": _ETP}
 
 
 @dataclass

@@ -10,7 +10,7 @@ folder under ``models/`` and one :func:`register_model_spec` call in its ``__ini
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.nn as nn
@@ -34,6 +34,9 @@ class ModelSpec:
     # (model, args, seq_len) -> (parameters, training FLOPs per token); None: the decoder's
     # (``models/common/decoder.get_nparams_and_flops``)
     nparams_and_flops: Callable[..., tuple[int, int]] | None = None
+    # parallelism degrees this family cannot use yet: ``ParallelDims`` field ("tp", "cp", ...)
+    # -> why; preflight refuses a degree above 1 with that reason
+    not_yet: Mapping[str, str] = field(default_factory=dict)
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

@@ -23,7 +23,7 @@ from torchtitan.config.parse import import_user_module
 from torchtitan.config.schema import JobConfig
 from torchtitan.data.mixture import check_data_config
 from torchtitan.distributed import utils as dist_utils
-from torchtitan.distributed.parallel_dims import ParallelDims
+from torchtitan.distributed.parallel_dims import DIM_KEYS, ParallelDims
 from torchtitan.distributed.pipeline import PipelinePlan, check_pipeline_config
 from torchtitan.errors import ConfigError, ConfigErrors, Problems
 from torchtitan.models.spec import ModelSpec, get_model_args, get_model_spec
@@ -70,6 +70,8 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
     if dims is not None and model_args is not None:
         with problems.collect():
             _check_model_fits_layout(dims, model_args)
+        with problems.collect():
+            _check_family_supports_layout(dims, spec, job_config.model.name)
         if dims.pp > 1:
             with problems.collect():
                 pipeline = pipeline_plan(job_config, model_args, dims)
@@ -253,6 +255,13 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
             raise ConfigError(
                 f"{key}: {dims.tp} does not divide the model's {what} ({n}); use a divisor of it"
             )
+
+
+def _check_family_supports_layout(dims: ParallelDims, spec: Any, name: str) -> None:
+    for dim, why in spec.not_yet.items():
+        if getattr(dims, dim) > 1:
+            key = DIM_KEYS[dim]
+            raise ConfigError(f"{key}: {getattr(dims, dim)}, but model {name} {why}; use 1")
 
 
 def _check_validation(job_config: JobConfig, dims: ParallelDims) -> None:

@@ -256,3 +256,22 @@ def test_unsupported_configs_are_named():
         DeepSeekV3StateDictAdapter.args_from_hf_config(
             {k: v for k, v in config.items() if k != "kv_lora_rank"}
         )
+
+
+@pytest.mark.parametrize(
+    "key, words",
+    [
+        ("tensor_parallel_degree", "has no tensor-parallel plan for multi-head latent attention"),
+        ("context_parallel_degree", "has no context-parallel attention"),
+    ],
+)
+def test_layouts_not_there_yet_are_refused_in_one_line(key, words):
+    from torchtitan.config.parse import parse_args
+    from torchtitan.errors import ConfigError
+    from torchtitan.train.plan import plan_job
+
+    job = parse_args(
+        ["--job.config_file", "train_configs/deepseek_v3_debug.toml", f"--parallelism.{key}", "2"]
+    )
+    with pytest.raises(ConfigError, match=f"parallelism.{key}: 2, but model deepseek_v3 {words}"):
+        plan_job(job, world_size=2)

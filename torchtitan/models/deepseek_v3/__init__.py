@@ -1,6 +1,25 @@
-"""DeepSeek-V3 / Kimi K2 (multi-head latent attention, DeepSeekMoE): model math so far; the
-flavors, Hugging Face adapter, parallel plans and registration come with issue 33's next steps."""
+"""DeepSeek-V3 / Kimi K2 / Moonlight (multi-head latent attention, DeepSeekMoE), registered as the
+``deepseek_v3`` family. Tensor and context parallelism are not there yet for MLA (issue 33):
+preflight refuses them for this family in one line."""
 
+from __future__ import annotations
+
+from torchtitan.models.deepseek_v3.flavors import deepseek_v3_configs
+from torchtitan.models.deepseek_v3.hf_adapter import DeepSeekV3StateDictAdapter
 from torchtitan.models.deepseek_v3.model import DeepSeekV3Model, DeepSeekV3ModelArgs
+from torchtitan.models.spec import ModelSpec, register_model_spec
 
-__all__ = ["DeepSeekV3Model", "DeepSeekV3ModelArgs"]
+__all__ = ["DeepSeekV3Model", "DeepSeekV3ModelArgs", "deepseek_v3_configs"]
+
+register_model_spec(
+    ModelSpec(
+        "deepseek_v3",
+        DeepSeekV3Model,
+        deepseek_v3_configs,
+        DeepSeekV3StateDictAdapter,
+        not_yet={
+            "tp": "has no tensor-parallel plan for multi-head latent attention yet",
+            "cp": "has no context-parallel attention with a softmax scale of its own yet",
+        },
+    )
+)

@@ -193,4 +193,3 @@ class DeepSeekV3StateDictAdapter(HFStateDictAdapter):
             raise HFFormatError(
                 f"config.json is not a DeepSeek-V3 config this model can build ({e!r})"
             ) from e
-
