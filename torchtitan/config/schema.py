@@ -90,6 +90,12 @@ class Model:
         "RMSNorm implementation: eager, torch.compile'd, or a Triton kernel (CUDA only); same weights",
         choices=("rmsnorm", "compiled_rmsnorm", "fused_rmsnorm"),
     )
+    num_mtp_layers: int = opt(
+        -1,
+        "Multi-token-prediction depths (DeepSeek-V3's num_nextn_predict_layers), overriding the "
+        "flavor's (-1: the flavor's; 0: none); families with multi-token prediction only",
+        ge=-1,
+    )
     attn_mask_type: str = opt(
         "causal",
         "Attention across the documents packed into a sequence: causal (every earlier token) or "
@@ -259,6 +265,12 @@ class Training:
         False,
         "Do not predict a document's first token from the end of the one before it (its label "
         "is ignored; the loss is the mean over the other tokens)",
+    )
+    mtp_loss_weight: float = opt(
+        0.3,
+        "Weight of the mean multi-token-prediction loss in the objective (DeepSeek-V3's lambda: "
+        "0.3, then 0.1 for its last 4.8T tokens); used when the model has MTP depths",
+        gt=0,
     )
     loss_chunks: int = opt(
         0,

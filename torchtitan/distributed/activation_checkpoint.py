@@ -7,6 +7,7 @@ from functools import partial
 import torch
 import torch.nn as nn
 
+from torchtitan.distributed.utils import block_slots
 from torchtitan.errors import ConfigError
 
 # Ops whose outputs the per-op selective policy keeps: matmuls and attention, the expensive ones.
@@ -42,6 +43,7 @@ def apply_ac(model: nn.Module, mode: str, option: str) -> None:
                 f"activation_checkpoint.selective_ac_option: '{option}' must be 'op' or a positive layer interval like '2'"
             )
         every = int(option)
-    for i, (name, block) in enumerate(list(model.layers.items())):
+    for i, (container, name) in enumerate(block_slots(model)):
         if i % every == 0:
-            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False, **kwargs)
+            block = getattr(container, name)
+            setattr(container, name, checkpoint_wrapper(block, preserve_rng_state=False, **kwargs))

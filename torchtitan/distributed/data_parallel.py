@@ -9,6 +9,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from torchtitan.config.schema import Training
+from torchtitan.distributed.utils import blocks
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -35,11 +36,11 @@ def apply_fsdp(
     their own ``fully_shard`` over that mesh, their summed gradients divided by
     ``experts_divide_factor`` (every rank that averages gradients: see expert_parallel.py)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    blocks = list(model.layers.values())
-    for i, block in enumerate(blocks):
+    all_blocks = blocks(model)
+    for i, block in enumerate(all_blocks):
         if reshard_after_forward == "default":
             # The last block's parameters are needed again right away by backward: keep them.
-            reshard = i < len(blocks) - 1
+            reshard = i < len(all_blocks) - 1
         else:
             reshard = reshard_after_forward == "always"
         moe = getattr(block, "moe", None)

@@ -30,7 +30,8 @@ from torch import nn
 
 __all__ = ["ExpertLoad", "moe_layers"]
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# ``layers.N.`` or a multi-token-prediction depth's ``mtp_layers.N.`` (N after the main layers)
+_LAYER = re.compile(r"(?:^|\.)(?:mtp_)?layers\.(\d+)\.")
 
 
 def moe_layers(parts: list[nn.Module]) -> dict[int, nn.Module]:

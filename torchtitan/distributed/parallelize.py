@@ -28,6 +28,7 @@ from torchtitan.distributed.data_parallel import DTYPES, apply_ddp, apply_fsdp, 
 from torchtitan.distributed.expert_parallel import ExpertParallel
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.tensor_parallel import apply_tp, uses_loss_parallel
+from torchtitan.distributed.utils import blocks
 from torchtitan.observability.log import logger
 
 
@@ -79,7 +80,7 @@ def parallelize_decoder(
             + (f" ({ac.selective_ac_option})" if ac.mode == "selective" else "")
         )
     if compile.compiles("model"):
-        for block in model.layers.values():
+        for block in blocks(model):
             # the expert-parallel all-to-alls need host splits: graph breaks around them
             block.compile(fullgraph=dims.ep == 1 or getattr(block, "moe", None) is None)
         logger.info("Compiled each transformer block with torch.compile")
@@ -118,6 +119,6 @@ def apply_ep(model: nn.Module, dims: ParallelDims) -> None:
     (the same shards tensor parallel gives them without EP) unless they stay whole (``etp`` 1)."""
     tp_split = dims.tp > 1 and not dims.experts_whole_under_tp
     mesh = dims.expert_mesh[("ep", "tp")] if tp_split else dims.expert_mesh["ep"]
-    for block in model.layers.values():
+    for block in blocks(model):
         if getattr(block, "moe", None) is not None:
             parallelize_module(block.moe.experts, mesh, ExpertParallel())

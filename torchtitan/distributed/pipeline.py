@@ -436,7 +436,8 @@ def _stages_at(points: list[str], n_layers: int, schedule: str, pp: int) -> tupl
 
 def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> dict[int, nn.Module]:
     """This rank's stages, keyed by stage index: copies of the (meta-device) full model that keep
-    only their own layers, the embedding on stage 0 and norm + output on the last stage."""
+    only their own layers, the embedding on stage 0 and norm + output (and the multi-token-
+    prediction depths, which share the output) on the last stage."""
     parts: dict[int, nn.Module] = {}
     for stage in plan.stages_of(pp_rank):
         part = copy.deepcopy(model)
@@ -448,6 +449,7 @@ def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> dict[int,
         if stage != plan.num_stages - 1:
             part.norm = None
             part.output = None
+            part.mtp_layers = None  # multi-token prediction: on the last stage, by the head
         parts[stage] = part
     return parts
 
@@ -474,6 +476,9 @@ class Pipeline:
         self.plan = plan
         self.loss_fn = loss_fn
         self.divisor: float | None = None  # the running call's, passed to every micro-batch loss
+        # the last forward_backward's micro-batch losses as the loss function returned them
+        # (on the rank of the last stage; empty elsewhere)
+        self.micro_batch_losses: list[torch.Tensor] = []
         self.device = device
         self.group = group
         self.stage_indices = sorted(parts)
@@ -557,6 +562,7 @@ class Pipeline:
                 return_outputs=False,
                 **_stage_kwargs(doc_ids),
             )
+        self.micro_batch_losses = losses
         return self._broadcast_sum(losses)
 
 

@@ -249,3 +249,20 @@ def clip_grad_norm_(
     for group in groups.values():
         torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total
+
+
+def block_slots(model: Any) -> list[tuple[Any, str]]:
+    """Where each transformer block of a decoder sits, as ``(container, name)``: the entries of
+    ``model.layers``, then each multi-token-prediction depth's ``block`` (``model.mtp_layers``).
+    Every parallelism treats them alike (EP, AC, compile, FSDP); a wrapper replaces a block
+    with ``setattr(container, name, wrapped)``."""
+    slots = [(model.layers, name) for name in model.layers]
+    mtp = getattr(model, "mtp_layers", None)
+    if mtp is not None:
+        slots += [(layer, "block") for layer in mtp.values()]
+    return slots
+
+
+def blocks(model: Any) -> list[Any]:
+    """The transformer blocks of :func:`block_slots`, in order."""
+    return [getattr(container, name) for container, name in block_slots(model)]

@@ -113,7 +113,8 @@ class MetricsProcessor:
         self, step: int, loss: float, grad_norm: float, lr: float, extra: dict | None = None
     ) -> dict[str, float]:
         """Print (rank 0) and write the step's numbers; ``extra``: more of them (the ``moe/``
-        load-balancing metrics get a console line of their own)."""
+        load-balancing metrics and the multi-token-prediction loss ``mtp/loss`` get console
+        lines of their own)."""
         elapsed = time.perf_counter() - self._last_log_time
         tps = self.ntokens_since_last_log / elapsed
         counted = self._steady if self._intervals else self._first
@@ -150,6 +151,8 @@ class MetricsProcessor:
             moe = moe_console_line(values)
             if moe is not None:
                 logger.info(moe)
+            if "mtp/loss" in values:
+                logger.info(f"mtp: loss {values['mtp/loss']:.4f} (mean over the prediction depths)")
         for sink in self.sinks:
             sink.write(values, step)
         self.ntokens_since_last_log = 0

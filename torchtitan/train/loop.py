@@ -30,6 +30,7 @@ from torchtitan.resilience.verdict import GO_ON, Action, Verdict
 from torchtitan.resilience.watchdog import HangWatchdog
 from torchtitan.train import runtime
 from torchtitan.train.builders import Runtime
+from torchtitan.train.loss import MTPLoss
 from torchtitan.train.step import StepRunner
 from torchtitan.train.validation import Validator
 
@@ -100,7 +101,9 @@ class Loop:
         moe = self.job_config.moe
         return ExpertLoad(
             self.parts,
-            self.rt.plan.model_args.n_layers,
+            # rows for the main layers and the multi-token-prediction depths after them
+            self.rt.plan.model_args.n_layers
+            + getattr(self.rt.plan.model_args, "num_mtp_layers", 0),
             tp=self.rt.dims.tp,
             coeff=moe.load_balance_coeff,
             aux_coeff=moe.aux_loss_coeff,
@@ -226,6 +229,8 @@ class Loop:
         stragglers, spikes."""
         extra = {k: v for k, v in lr.items() if k != "lr"}
         extra |= self.expert_load.metrics() if self.expert_load else {}
+        if isinstance(self.runner.loss_fn, MTPLoss):
+            extra |= self.runner.loss_fn.metrics(self.rt.device)
         extra |= self.stragglers.report(step)
         if self.spike_guard.enabled:
             extra["loss_spikes/skipped"] = float(self.spike_guard.skipped)
@@ -258,6 +263,8 @@ class Loop:
         divisor = self.runner.step_tokens(batches).divisor
         if self.expert_load:
             self.expert_load.begin_step(sum(len(b.inputs) for b in batches))
+        if isinstance(self.runner.loss_fn, MTPLoss):
+            self.runner.loss_fn.begin_step()
         loss = torch.zeros((), device=self.rt.device)
         for batch in batches:
             # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch

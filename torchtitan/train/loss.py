@@ -20,6 +20,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
@@ -29,6 +30,8 @@ from torchtitan.config.schema import JobConfig
 from torchtitan.data.batch import IGNORE_INDEX
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.tensor_parallel import uses_loss_parallel
+from torchtitan.distributed.utils import full_tensor
+from torchtitan.models.common.mtp import roll_left
 from torchtitan.observability.log import logger
 
 # (prediction, labels, divisor) -> the summed cross entropy over divisor
@@ -100,6 +103,75 @@ def token_mean(sum_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     return loss
 
 
+def mtp_targets(labels: torch.Tensor, doc_ids: torch.Tensor | None, depths: int) -> torch.Tensor:
+    """``[B, 1 + depths, T]``: the labels, then each multi-token-prediction depth ``k``'s
+    targets (the labels moved ``k`` places left, the last ``k`` ignored). With ``doc_ids``
+    (block-causal attention) a target from another document than its position is ignored too:
+    depth ``k`` at the end of a document would otherwise predict the next one's tokens."""
+    rows = [labels]
+    for k in range(1, depths + 1):
+        target = roll_left(labels, k, IGNORE_INDEX)
+        if doc_ids is not None:
+            target = target.masked_fill(roll_left(doc_ids, k, -1) != doc_ids, IGNORE_INDEX)
+        rows.append(target)
+    return torch.stack(rows, dim=1)
+
+
+class MTPLoss:
+    """The training loss with multi-token prediction (:data:`LossFn`): ``prediction`` holds
+    ``1 + depths`` batches on dim 0 (``Decoder.forward`` with ``mtp_active``), ``targets`` is
+    :func:`mtp_targets`' ``[B, 1 + depths, T]``. Its value is the main next-token loss, what
+    every other model logs; its gradient is the main loss's plus ``weight`` times the mean of
+    the depths' losses (DeepSeek-V3, arXiv:2412.19437, equation 25: each depth's cross entropy
+    over the same divisor as the main one, the paper's 1/T). Plain ``[B, T]`` labels
+    (validation) give the main loss alone.
+
+    The depths' mean loss rides on the returned tensor (``mtp_loss``); the step runner adds each
+    micro-batch's with :meth:`record` (:meth:`begin_step` zeroes the sum) for :meth:`metrics`."""
+
+    def __init__(self, loss_fn: LossFn, depths: int, weight: float, holds_head: bool) -> None:
+        self.loss_fn, self.depths, self.weight, self.holds_head = (
+            loss_fn,
+            depths,
+            weight,
+            holds_head,
+        )
+        self.step_sum: torch.Tensor | float = 0.0
+
+    def __call__(
+        self, prediction: torch.Tensor, targets: torch.Tensor, divisor: float | torch.Tensor
+    ) -> torch.Tensor:
+        pieces = prediction.chunk(1 + self.depths)
+        if targets.ndim == 2:
+            return self.loss_fn(pieces[0], targets, divisor)
+        main = self.loss_fn(pieces[0], targets[:, 0], divisor)
+        depths = range(1, self.depths + 1)
+        mtp = sum(self.loss_fn(pieces[k], targets[:, k], divisor) for k in depths) / self.depths
+        loss = main + self.weight * (mtp - mtp.detach())  # the value stays the main loss's
+        loss.mtp_loss = mtp.detach()  # for :meth:`record` (the pipeline keeps the tensor)
+        return loss
+
+    def record(self, losses: list[torch.Tensor]) -> None:
+        """Add the depths' losses carried by a step's micro-batch ``losses`` (what this object
+        returned; not every call: the pipeline also calls it once to infer shapes)."""
+        for loss in losses:
+            mtp = getattr(loss, "mtp_loss", None)
+            if mtp is not None:
+                self.step_sum = self.step_sum + full_tensor(mtp).float()
+
+    def begin_step(self) -> None:
+        self.step_sum = 0.0
+
+    def metrics(self, device: torch.device) -> dict[str, float]:
+        """``{"mtp/loss": the step's mean depth loss}``, averaged over the ranks that computed
+        it (the last pipeline stage's); every rank calls it (one all-reduce)."""
+        held = float(self.holds_head)
+        pair = torch.tensor([float(self.step_sum) * held, held], device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(pair)
+        return {"mtp/loss": float(pair[0] / pair[1].clamp(min=1))}
+
+
 def build_loss_fn(dims: ParallelDims, job_config: JobConfig, parts: list[nn.Module]) -> LossFn:
     """The loss as training calls it, for this rank's model ``parts`` (:data:`LossFn`).
 
@@ -121,9 +193,27 @@ def build_loss_fn(dims: ParallelDims, job_config: JobConfig, parts: list[nn.Modu
         sum_loss = ChunkedOutputLoss(last.output, n_chunks, reduction="sum")
         logger.info(f"Output projection and loss computed in {n_chunks} pieces of the sequence")
     if not job_config.compile.compiles("loss"):
-        return token_mean(sum_loss)
-    if uses_loss_parallel(dims, job_config.parallelism):
+        loss_fn = token_mean(sum_loss)
+    elif uses_loss_parallel(dims, job_config.parallelism):
         logger.info("Loss not compiled: the vocab-parallel loss of tensor parallelism stays eager")
-        return token_mean(sum_loss)
-    logger.info("Compiled the loss with torch.compile")
-    return token_mean(torch.compile(sum_loss))
+        loss_fn = token_mean(sum_loss)
+    else:
+        logger.info("Compiled the loss with torch.compile")
+        loss_fn = token_mean(torch.compile(sum_loss))
+    depths = mtp_depths(parts)
+    if not depths:
+        return loss_fn
+    for part in parts:  # every stage: the ones before the last pass the embeddings on
+        part.mtp_active = True
+    weight = job_config.training.mtp_loss_weight
+    logger.info(
+        f"Multi-token prediction: {depths} depth(s), training.mtp_loss_weight {weight} times "
+        "their mean loss in the objective (logged as mtp/loss)"
+    )
+    return MTPLoss(loss_fn, depths, weight, holds_head=last is not None)
+
+
+def mtp_depths(parts: list[nn.Module]) -> int:
+    """The model's multi-token-prediction depths (0: none), from its args (every stage's)."""
+    args = getattr(parts[0], "args", None) if parts else None
+    return getattr(args, "num_mtp_layers", 0)

@@ -227,6 +227,14 @@ def resolve_model_args(job_config: JobConfig) -> Any:
             aux_loss_coeff=e.aux_loss_coeff,
             grouped_mm=e.grouped_mm,
         )
+    if m.num_mtp_layers >= 0:
+        if not hasattr(flavor, "num_mtp_layers") and m.num_mtp_layers > 0:
+            raise ConfigError(
+                f"model.num_mtp_layers: {m.num_mtp_layers}, but {m.name} has no multi-token "
+                "prediction; use -1 or 0 (deepseek_v3 has it)"
+            )
+        if hasattr(flavor, "num_mtp_layers"):
+            changes["num_mtp_layers"] = m.num_mtp_layers
     return dataclasses.replace(
         flavor,
         norm_type=m.norm_type,
@@ -247,6 +255,13 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
         raise ConfigError(
             f"parallelism.expert_parallel_degree: {dims.ep} does not divide the model's "
             f"{moe.num_experts} experts; use a divisor of it"
+        )
+    n_mtp = getattr(args, "num_mtp_layers", 0)
+    if n_mtp and dims.cp > 1:
+        raise ConfigError(
+            f"parallelism.context_parallel_degree: {dims.cp}, but multi-token prediction "
+            f"(model.num_mtp_layers: {n_mtp}) reads the tokens after each rank's chunk; use 1, "
+            "or model.num_mtp_layers = 0"
         )
     key = "parallelism.tensor_parallel_degree"
     sizes = (("n_heads", args.n_heads), ("n_kv_heads", args.n_kv_heads), ("dim", args.dim))

@@ -6,6 +6,8 @@ moved to the device, cut to this rank's chunks of every sequence under context p
 document ids of block-causal attention too), run inside the vocab-parallel loss context under
 tensor parallel, through the pipeline schedule (micro-batch by micro-batch, every pipeline rank
 getting the loss) or as a plain forward, and under autocast where mixed precision comes from it.
+With multi-token prediction, training's labels carry each depth's targets
+(:func:`~torchtitan.train.loss.mtp_targets`); validation scores the main head alone.
 
 The loss of an optimizer step is the mean over the valid tokens of its whole global batch:
 :meth:`StepRunner.step_tokens` counts them (one all-reduce) before the first micro-batch runs, and
@@ -27,7 +29,7 @@ from torchtitan.distributed.context_parallel import shard_sequence
 from torchtitan.distributed.data_parallel import param_dtype
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.utils import device_type, full_tensor
-from torchtitan.train.loss import LossFn, loss_context
+from torchtitan.train.loss import LossFn, MTPLoss, loss_context, mtp_targets
 
 
 def autocast_for(job_config: JobConfig, dims: ParallelDims) -> contextlib.AbstractContextManager:
@@ -95,14 +97,20 @@ class StepRunner:
         loss (this rank's share of the step's token mean: the summed loss over ``divisor``, see
         :meth:`step_tokens`), detached, on every rank of the batch."""
         inputs, labels, doc_ids = self._local(batch)
+        if isinstance(self.loss_fn, MTPLoss):  # each prediction depth's targets too
+            labels = mtp_targets(labels, doc_ids, self.loss_fn.depths)
         with loss_context(self.dims, self.job_config):
             if self.pipeline is not None:  # the schedule runs forward and backward
                 with self.autocast:
                     loss = self.pipeline.forward_backward(inputs, labels, doc_ids, divisor)
+                pieces = self.pipeline.micro_batch_losses
             else:
                 with self.autocast:  # the forward only: backward runs outside autocast
                     loss = self.loss_fn(self._forward(inputs, doc_ids), labels, divisor)
                 loss.backward()
+                pieces = [loss]
+        if isinstance(self.loss_fn, MTPLoss):
+            self.loss_fn.record(pieces)
         return full_tensor(loss.detach())  # a vocab-parallel loss is a DTensor
 
     def _forward(self, inputs: torch.Tensor, doc_ids: torch.Tensor | None) -> torch.Tensor:

@@ -3,6 +3,8 @@ weights (tiny configs): dense and MoE layers, q-LoRA or not, YaRN or not."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -158,15 +160,35 @@ def test_logits_match_transformers(q_lora_rank, yarn):
 
 
 def _counts(flavor: str) -> tuple[float, float, float]:
-    """(total, active, embedding + output) parameters of a flavor, in billions (meta device)."""
+    """(total, active, embedding + output) parameters of a flavor's main model (its multi-token
+    prediction left out), in billions (meta device)."""
     from torchtitan.models.common.moe import inactive_params
     from torchtitan.models.deepseek_v3.flavors import deepseek_v3_configs
 
+    args = dataclasses.replace(deepseek_v3_configs[flavor], num_mtp_layers=0)
     with torch.device("meta"):
-        model = DeepSeekV3Model(deepseek_v3_configs[flavor])
+        model = DeepSeekV3Model(args)
     total = sum(p.numel() for p in model.parameters())
     ends = model.tok_embeddings.weight.numel() + model.output.weight.numel()
     return total / 1e9, (total - inactive_params(model)) / 1e9, ends / 1e9
+
+
+def test_671b_with_its_mtp_module_counts_as_published():
+    """DeepSeek-V3 README: 685B on the Hub, 671B of the main model and 14B of the MTP module,
+    whose checkpoint layer keeps its own copies of the embedding and output head (this model
+    shares the main ones: counted once, plus the copies for the published figure)."""
+    from torchtitan.models.deepseek_v3.flavors import deepseek_v3_configs
+
+    args = deepseek_v3_configs["671B"]
+    assert args.num_mtp_layers == 1
+    with torch.device("meta"):
+        model = DeepSeekV3Model(args)
+    total = sum(p.numel() for p in model.parameters())
+    copies = model.tok_embeddings.weight.numel() + model.output.weight.numel()
+    mtp = sum(p.numel() for p in model.mtp_layers.parameters())
+    assert abs((total + copies) / 1e9 - 685) <= 0.01 * 685
+    assert abs((mtp + copies) / 1e9 - 14) <= 0.05 * 14  # "14B": two significant digits
+    assert abs((total - mtp) / 1e9 - 671) <= 0.01 * 671
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ from torch import nn
 from torchtitan.models.common.attention import ATTN_MASK_TYPES
 from torchtitan.models.common.blocks import trunc_normal_
 from torchtitan.models.common.moe import inactive_params
+from torchtitan.models.common.mtp import MTPLayer, roll_left
 from torchtitan.models.common.norms.rmsnorm import NORM_TYPES
 
 
@@ -72,6 +73,19 @@ class Decoder(nn.Module, ABC):
             {str(i): self.build_block(i, args) for i in range(args.n_layers)}
         )
         self.norm: nn.Module | None = self.build_norm(args)
+        # multi-token prediction (models/common/mtp.py), keyed by the layer index published
+        # checkpoints give them (n_layers + k - 1 for depth k); None without
+        n_mtp = getattr(args, "num_mtp_layers", 0)
+        self.mtp_layers: nn.ModuleDict | None = None
+        if n_mtp > 0:
+            self.mtp_layers = nn.ModuleDict(
+                {
+                    str(i): self.build_mtp_layer(i, args)
+                    for i in range(args.n_layers, args.n_layers + n_mtp)
+                }
+            )
+        # True (set by the training loss): forward also runs the prediction depths (see forward)
+        self.mtp_active = False
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -93,6 +107,10 @@ class Decoder(nn.Module, ABC):
     @abstractmethod
     def build_norm(self, args: Any) -> nn.Module:
         """The final norm (with ``reset_parameters()``)."""
+
+    def build_mtp_layer(self, layer_id: int, args: Any) -> nn.Module:
+        """A multi-token-prediction depth around the family's block ``layer_id``."""
+        return MTPLayer(args.dim, self.build_block(layer_id, args), lambda: self.build_norm(args))
 
     # ---- shared
 
@@ -139,6 +157,8 @@ class Decoder(nn.Module, ABC):
                 nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=1.0)
         for layer in self.layers.values():
             layer.init_weights()
+        for layer in (self.mtp_layers or {}).values():
+            layer.init_weights()
         if self.norm is not None:
             self.norm.reset_parameters()
         if self.output is not None:
@@ -154,24 +174,52 @@ class Decoder(nn.Module, ABC):
 
         ``doc_ids [B, T]`` (see :mod:`torchtitan.data.batch`) say where the packed documents
         start; with ``attn_mask_type = "block_causal"`` attention stays within them, otherwise
-        they are not used."""
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        they are not used.
+
+        With ``mtp_active`` the output holds ``1 + D`` batches stacked on dim 0: the main one,
+        then each multi-token-prediction depth's (:meth:`mtp_hidden`). The tensor between
+        pipeline stages then stacks the hidden states and the token embeddings the depths read
+        on the last stage (one tensor: the pipeline sends one)."""
+        mtp = self.mtp_active
+        if self.tok_embeddings is not None:
+            h = emb = self.tok_embeddings(tokens)
+        elif mtp:
+            h, emb = tokens.chunk(2)
+        else:
+            h = tokens
         mask = self.attention_mask(doc_ids)
         for layer in self.layers.values():
             h = layer(h, self.rope_cache, mask)
-        if self.norm is not None:
-            h = self.norm(h)
+        if self.norm is None:  # a pipeline stage before the last
+            return torch.cat([h, emb]) if mtp else h
+        h = self.norm(h)
+        if mtp:
+            h = torch.cat([h, *self.mtp_hidden(h, emb, mask)])
         if self.output is not None and not self.output_in_loss:
             return self.output(h).float()
         return h
+
+    def mtp_hidden(self, h: torch.Tensor, emb: torch.Tensor, mask: Any) -> list[torch.Tensor]:
+        """Each prediction depth's states, from the main model's final-norm output ``h`` and the
+        token embeddings ``emb``: depth ``k`` reads ``emb`` moved ``k`` places left."""
+        if self.mtp_layers is None:
+            raise RuntimeError("mtp_active is set, but this model has no multi-token prediction")
+        states = []
+        for k, layer in enumerate(self.mtp_layers.values(), start=1):
+            h = layer(roll_left(emb, k), h, self.rope_cache, mask)
+            states.append(h)
+        return states
 
     def attention_mask(self, doc_ids: torch.Tensor | None) -> Any:
         """The mask every block's attention takes for this batch (None: causal attention), built
         by the attention kernel (which a parallelism may have replaced) of the first block."""
         if doc_ids is None or self.args.attn_mask_type == "causal":
             return None
-        # the first module with ``mask_for``, whatever wraps the blocks (AC, compile, FSDP)
-        kernel = next((m for m in self.layers.modules() if hasattr(m, "mask_for")), None)
+        # the first module with ``mask_for``, whatever wraps the blocks (AC, compile, FSDP); a
+        # last pipeline stage may hold no main block but the prediction depths'
+        blocks = [self.layers] + ([self.mtp_layers] if self.mtp_layers is not None else [])
+        modules = (m for b in blocks for m in b.modules())
+        kernel = next((m for m in modules if hasattr(m, "mask_for")), None)
         return None if kernel is None else kernel.mask_for(doc_ids)
 
 
@@ -195,6 +243,11 @@ def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[in
 
     ``args.n_layers`` and the widths are used for the attention term, so a pipeline stage's
     model still reports the whole model's FLOPs; its parameter count is its own.
+
+    Multi-token prediction (``args.num_mtp_layers``) is counted: its parameters (each depth's
+    block and projection; the embedding and head it shares count once) and each depth's
+    attention term, as one more layer each, and each depth's pass through the shared output
+    head (``6 * dim * vocab`` per token, the head's own term once more).
     """
     params = list(model.parameters())  # deduplicates shared Parameters
     nparams = sum(p.numel() for p in params)
@@ -208,5 +261,7 @@ def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[in
     # a mixture-of-experts layer's token runs through top_k of its experts only
     matmul_params = nparams - emb_numel + (out_numel if tied else 0) - inactive_params(model)
     attention_width = args.n_heads * args.head_dim
-    flops_per_token = 6 * matmul_params + 6 * args.n_layers * attention_width * seq_len
+    n_mtp = getattr(args, "num_mtp_layers", 0)
+    matmul_params += n_mtp * args.dim * args.vocab_size  # each depth's logits
+    flops_per_token = 6 * matmul_params + 6 * (args.n_layers + n_mtp) * attention_width * seq_len
     return nparams, int(flops_per_token)

@@ -25,8 +25,23 @@ from torchtitan.errors import HFFormatError
 from torchtitan.models.common.blocks import fuse_qkv, split_qkv
 from torchtitan.observability.log import logger
 
-_LAYER_KEY = re.compile(r"^layers\.(\d+)\.(.+)$")
+# a block's parameter: ``layers.N.X`` or a multi-token-prediction depth's ``mtp_layers.N.block.X``
+_BLOCK_KEY = re.compile(r"^(layers\.\d+|mtp_layers\.\d+\.block)\.(.+)$")
+_MTP_KEY = re.compile(r"^mtp_layers\.(\d+)\.(.+)$")
 _HF_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+#: a multi-token-prediction depth's own tensors (models/common/mtp.py) <-> the names DeepSeek's
+#: checkpoints give them inside ``model.layers.N.`` (N = n_layers + depth - 1)
+MTP_NAMES = {
+    "enorm.weight": "enorm.weight",
+    "hnorm.weight": "hnorm.weight",
+    "eh_proj.weight": "eh_proj.weight",
+    "norm.weight": "shared_head.norm.weight",
+}
+#: the copies of the embedding and output head DeepSeek's checkpoints keep in each depth
+MTP_COPIES = {
+    "embed_tokens.weight": "tok_embeddings.weight",
+    "shared_head.head.weight": "output.weight",
+}
 
 
 class HFStateDictAdapter(ABC):
@@ -111,42 +126,64 @@ class HFStateDictAdapter(ABC):
     def hf_name(self, name: str) -> str:
         if name in self.top_names:
             return self.top_names[name]
-        m = _LAYER_KEY.match(name)
-        if not m or m.group(2) not in self.layer_names:
-            raise HFFormatError(
-                f"parameter '{name}' has no Hugging Face {self.model_type} counterpart"
-            )
-        return f"model.layers.{m.group(1)}.{self.layer_names[m.group(2)]}"
+        block, mtp = _BLOCK_KEY.match(name), _MTP_KEY.match(name)
+        if block and block.group(2) in self.layer_names:
+            index = block.group(1).split(".")[1]
+            return f"model.layers.{index}.{self.layer_names[block.group(2)]}"
+        if mtp and mtp.group(2) in MTP_NAMES:
+            return f"model.layers.{mtp.group(1)}.{MTP_NAMES[mtp.group(2)]}"
+        raise HFFormatError(f"parameter '{name}' has no Hugging Face {self.model_type} counterpart")
 
     def our_name(self, hf: str) -> str | None:
+        """Ours for a Hugging Face name; layers after the main ones are multi-token-prediction
+        depths (their copies of the embedding and head: None, see :func:`is_mtp_copy`)."""
         top = {v: k for k, v in self.top_names.items()}
         if hf in top:
             return top[hf]
         m = _HF_LAYER_KEY.match(hf)
-        if m:
-            inverse = {v: k for k, v in self.layer_names.items()}
-            if m.group(2) in inverse:
-                return f"layers.{m.group(1)}.{inverse[m.group(2)]}"
-        return None
+        if m is None:
+            return None
+        index, rest = int(m.group(1)), m.group(2)
+        inverse = {v: k for k, v in self.layer_names.items()}
+        if index < self.args.n_layers or not hasattr(self.args, "num_mtp_layers"):
+            return f"layers.{index}.{inverse[rest]}" if rest in inverse else None
+        own = {v: k for k, v in MTP_NAMES.items()}
+        if rest in own:
+            return f"mtp_layers.{index}.{own[rest]}"
+        return f"mtp_layers.{index}.block.{inverse[rest]}" if rest in inverse else None
+
+    def is_mtp_copy(self, hf: str) -> bool:
+        """A depth's copy of the embedding or output head (``model.layers.N.embed_tokens``, N
+        after the main layers): this library shares the model's own."""
+        m = _HF_LAYER_KEY.match(hf)
+        return m is not None and int(m.group(1)) >= self.args.n_layers and m.group(2) in MTP_COPIES
 
     def _not_in_hf(self, name: str) -> bool:
-        m = _LAYER_KEY.match(name)
+        m = _BLOCK_KEY.match(name)
         return m is not None and m.group(2) in self.not_in_hf
+
+    def _mtp_index(self, name: str) -> int | None:
+        m = _MTP_KEY.match(name)
+        return int(m.group(1)) if m else None
 
     def _in_model(self, name: str) -> bool:
         """A parameter of the whole model (perhaps held by another pipeline stage)."""
-        m = _LAYER_KEY.match(name)
-        return name in self.top_names if m is None else int(m.group(1)) < self.args.n_layers
+        n_layers = self.args.n_layers
+        depth = self._mtp_index(name)
+        if depth is not None:
+            return n_layers <= depth < n_layers + getattr(self.args, "num_mtp_layers", 0)
+        m = _BLOCK_KEY.match(name)
+        return name in self.top_names if m is None else int(m.group(1).split(".")[1]) < n_layers
 
     # ---- fused parameters
 
     def fused_parts(self, name: str) -> tuple[str, ...] | None:
         """The full names of the separate tensors that parameter ``name`` fuses (None if it is
         not fused)."""
-        m = _LAYER_KEY.match(name)
+        m = _BLOCK_KEY.match(name)
         if m is None or m.group(2) not in self.fused:
             return None
-        return tuple(f"layers.{m.group(1)}.{part}" for part in self.fused[m.group(2)])
+        return tuple(f"{m.group(1)}.{part}" for part in self.fused[m.group(2)])
 
     def split_tensor(self, name: str, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Fused ``w`` (or a tensor of its shape, e.g. an optimizer moment) as its parts."""
@@ -198,6 +235,12 @@ class HFStateDictAdapter(ABC):
                     )
                 continue
             out[self.hf_name(name)] = self.tensor_to_hf(name, w).contiguous()
+        # each prediction depth's copies of the embedding and head, as DeepSeek publishes them
+        depths = {self._mtp_index(n) for n in state} - {None}
+        for depth in sorted(depths):
+            for hf, ours in MTP_COPIES.items():
+                if ours in state:
+                    out[f"model.layers.{depth}.{hf}"] = out[self.top_names[ours]].clone()
         return out
 
     def from_hf(
@@ -213,7 +256,7 @@ class HFStateDictAdapter(ABC):
         for hf, w in hf_state.items():
             name = self.our_name(hf)
             if name is None:
-                if not any(part in hf for part in self.ignored):
+                if not any(part in hf for part in self.ignored) and not self.is_mtp_copy(hf):
                     unexpected.append(hf)
                 continue
             try:  # a misshapen tensor is kept as it is, for the error below
@@ -228,10 +271,19 @@ class HFStateDictAdapter(ABC):
             if "tok_embeddings.weight" in state:
                 state["output.weight"] = state["tok_embeddings.weight"]
         missing = [self.hf_name(n) for n in expected if n not in state]
+        unused_depths = set()
         for name in [n for n in state if n not in expected]:
-            if not self._in_model(name):
+            depth = self._mtp_index(name)
+            if depth is not None and not self._in_model(name):
+                unused_depths.add(depth)  # prediction depths this model does not have
+            elif not self._in_model(name):
                 unexpected.append(self.hf_name(name))
             del state[name]  # another pipeline stage's parameter (or an unexpected one)
+        if unused_depths:
+            logger.info(
+                f"Hugging Face layers {sorted(unused_depths)} are multi-token-prediction depths "
+                "this model does not have (model.num_mtp_layers): not loaded"
+            )
         shapes = [
             f"{self.hf_name(n)} {tuple(state[n].shape)} vs {tuple(s)}"
             for n, s in expected.items()

@@ -97,6 +97,7 @@ deepseek_v3_configs: dict[str, DeepSeekV3ModelArgs] = {
         rope_factor=4.0,
         rope_original_seq_len=512,
         max_seq_len=2048,
+        num_mtp_layers=1,
         moe=_experts(256, experts=8, shared=1, top_k=2, groups=4, best=2, scale=2.5, first=1),
     ),
     "16B": _published(
@@ -133,6 +134,7 @@ deepseek_v3_configs: dict[str, DeepSeekV3ModelArgs] = {
         rope_factor=40.0,
         rope_mscale=1.0,
         max_seq_len=163840,
+        num_mtp_layers=1,
         moe=_experts(2048, experts=256, shared=1, top_k=8, groups=8, best=4, scale=2.5, first=3),
     ),
     "kimi_k2": _published(

@@ -11,6 +11,13 @@ one tensor per expert ``mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`` (th
 layout, which ``transformers`` 5 fuses when it loads them), ``moe.shared_experts`` <->
 ``mlp.shared_experts``.
 
+Multi-token-prediction depths are the layers after the main ones, as DeepSeek's checkpoints
+hold them (``model.layers.61`` of DeepSeek-V3): ``mtp_layers.N.enorm/hnorm/eh_proj`` keep their
+names, ``mtp_layers.N.norm`` <-> ``shared_head.norm``, ``mtp_layers.N.block.*`` as a block's;
+the depth's copies of the embedding and head (``embed_tokens``, ``shared_head.head``) are written
+on export and not read on import (the model shares its own). ``DeepseekV3ForCausalLM`` itself
+skips those layers; ``transformers``' MTP drafting reads them.
+
 Tensors are not changed: the rotary channels are interleaved pairs here as in DeepSeek's weights
 (``rope_interleave``).
 """
@@ -115,7 +122,7 @@ class DeepSeekV3StateDictAdapter(HFStateDictAdapter):
             topk_method="noaux_tc",
             rope_scaling=rope_scaling,
             rope_interleave=True,
-            num_nextn_predict_layers=0,
+            num_nextn_predict_layers=a.num_mtp_layers,
             attention_dropout=0.0,
             initializer_range=0.02,
             use_cache=True,
@@ -143,10 +150,6 @@ class DeepSeekV3StateDictAdapter(HFStateDictAdapter):
             unsupported.append(f"rope type {rope_type!r}")
         if rope_type == "yarn" and rope.get("mscale", 1.0) != rope.get("mscale_all_dim", 1.0):
             unsupported.append("YaRN mscale != mscale_all_dim")
-        if config.get("num_nextn_predict_layers"):
-            unsupported.append(
-                f"num_nextn_predict_layers {config['num_nextn_predict_layers']} (MTP: not yet)"
-            )
         if unsupported:
             raise HFFormatError(
                 "config.json: this DeepSeek-V3 model does not implement " + ", ".join(unsupported)
@@ -188,6 +191,7 @@ class DeepSeekV3StateDictAdapter(HFStateDictAdapter):
                 max_seq_len=int(config.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
                 moe=moe,
+                num_mtp_layers=int(config.get("num_nextn_predict_layers") or 0),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise HFFormatError(

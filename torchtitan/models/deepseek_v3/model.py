@@ -15,6 +15,8 @@ From ``transformers``' ``modeling_deepseek_v3.py`` and the DeepSeek-V3 technical
   DeepSeekMoE (:mod:`torchtitan.models.common.moe`): sigmoid scores, the correction bias
   choosing, group-limited top-k, renormalized weights times ``route_scale``, shared experts.
 * No tied embeddings; pre-norm blocks; a final RMSNorm.
+* ``num_mtp_layers`` multi-token-prediction depths (section 2.2; :mod:`~torchtitan.models.common.mtp`)
+  after the main layers, sharing the embedding and the output head.
 
 Parameter names follow this library's (``attention.wq`` or ``wq_a``/``q_norm``/``wq_b``,
 ``wkv_a``/``kv_norm``/``wkv_b``, ``wo``; ``feed_forward`` or ``moe``), so the generic
@@ -72,6 +74,9 @@ class DeepSeekV3ModelArgs:
     norm_type: str = "rmsnorm"
     attn_mask_type: str = field(default="causal", compare=False)
     moe: MoEArgs = field(default_factory=MoEArgs)
+    # num_nextn_predict_layers: multi-token-prediction depths (models/common/mtp.py), each a
+    # block like the last main one (a MoE block), after the main layers
+    num_mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.norm_type not in NORM_TYPES:
@@ -83,6 +88,8 @@ class DeepSeekV3ModelArgs:
             )
         if self.qk_rope_head_dim % 2 != 0:
             raise ValueError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be even")
+        if self.num_mtp_layers < 0:
+            raise ValueError(f"num_mtp_layers ({self.num_mtp_layers}) must be >= 0")
         if self.q_lora_rank < 0 or self.kv_lora_rank < 1:
             raise ValueError(
                 f"q_lora_rank ({self.q_lora_rank}) must be >= 0 and kv_lora_rank "
