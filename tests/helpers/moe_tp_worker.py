@@ -1,5 +1,6 @@
 """Run by tests/e2e/test_moe_parallel.py under torchrun: 2 CPU processes over gloo, tensor
-parallel 2, for each MoE family named on the command line.
+parallel 2, for each MoE family named on the command line (``family@field=N``: its debug flavor
+with one field changed, e.g. ``deepseek_v3@q_lora_rank=0``).
 
 Every rank builds the family's debug model with the same weights (routers scaled up so that the
 routing is spread out and its gradient matters) and runs one forward and backward without
@@ -36,8 +37,13 @@ from torchtitan.models.spec import get_model_args, get_model_spec
 VOCAB = 2256
 
 
-def build(family: str, state: dict | None = None) -> torch.nn.Module:
-    args = dataclasses.replace(get_model_args(family, "debugmodel"), vocab_size=VOCAB)
+def build(name: str, state: dict | None = None) -> torch.nn.Module:
+    """``name``: a family, or ``family@field=int`` (the debug flavor with one field changed)."""
+    family, _, change = name.partition("@")
+    overrides = {k: int(v) for k, v in [change.split("=")]} if change else {}
+    args = dataclasses.replace(get_model_args(family, "debugmodel"), vocab_size=VOCAB, **overrides)
+    if getattr(args, "num_mtp_layers", 0):  # tensor parallel refuses multi-token prediction
+        args = dataclasses.replace(args, num_mtp_layers=0)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = get_model_spec(family).cls(args)
@@ -62,7 +68,7 @@ def run(family: str, dims: ParallelDims, whole: bool, compiled: bool) -> None:
     ref_logits, ref_grads = step(reference, tokens, dlogits)
     model = build(family, state)
     # the family's own block plan, applied as parallelize_decoder does
-    block_plan = get_model_spec(family).block_plan or decoder_block_plan
+    block_plan = get_model_spec(family.partition("@")[0]).block_plan or decoder_block_plan
     if whole:
         apply_ep(model, dims)
     apply_tp(

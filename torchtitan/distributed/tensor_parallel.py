@@ -348,3 +348,38 @@ class ReplicateParameters(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         return distribute_module(module, device_mesh)
+
+
+class ReplicatedCompute(ParallelStyle):
+    """A module every TP rank runs whole on the same whole input (a low-rank down-projection
+    and its norm in multi-head latent attention): parameters replicated DTensors, the local input
+    taken as ``Replicate``, the output handed back local.
+
+    Its output's gradient must then be whole on every rank, as it is when the reader is a
+    column-wise linear (which sums its input's gradient over the ranks); channels from
+    ``sum_grad_from`` on, read by each rank's own heads only, get their gradient summed here.
+    The parameters' gradients are then whole and equal on every rank with no communication."""
+
+    def __init__(self, sum_grad_from: int | None = None) -> None:
+        super().__init__()
+        self.sum_grad_from = sum_grad_from
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def as_replicated(mod: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple:
+            return tuple(
+                DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+                if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+                else x
+                for x in inputs
+            )
+
+        def as_local(mod: nn.Module, out: Any, mesh: DeviceMesh) -> torch.Tensor:
+            local = out.to_local()
+            if self.sum_grad_from is None:
+                return local
+            own, shared = local.split(
+                [self.sum_grad_from, local.shape[-1] - self.sum_grad_from], dim=-1
+            )
+            return torch.cat([own, sum_grad_over(shared, mesh)], dim=-1)
+
+        return distribute_module(module, device_mesh, input_fn=as_replicated, output_fn=as_local)

@@ -263,6 +263,13 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
             f"(model.num_mtp_layers: {n_mtp}) reads the tokens after each rank's chunk; use 1, "
             "or model.num_mtp_layers = 0"
         )
+    if n_mtp and dims.tp > 1:
+        raise ConfigError(
+            f"parallelism.tensor_parallel_degree: {dims.tp}, but multi-token prediction "
+            f"(model.num_mtp_layers: {n_mtp}) has no tensor-parallel plan yet (its depths read "
+            "the sequence-sharded embeddings moved along the sequence); use 1, or "
+            "model.num_mtp_layers = 0"
+        )
     key = "parallelism.tensor_parallel_degree"
     sizes = (("n_heads", args.n_heads), ("n_kv_heads", args.n_kv_heads), ("dim", args.dim))
     for what, n in sizes + (("feed-forward hidden size", args.ffn_hidden_dim()),):

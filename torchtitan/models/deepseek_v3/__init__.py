@@ -1,9 +1,10 @@
 """DeepSeek-V3 / Kimi K2 / Moonlight (multi-head latent attention, DeepSeekMoE), registered as the
-``deepseek_v3`` family. Tensor and context parallelism are not there yet for MLA (issue 33):
-preflight refuses them for this family in one line."""
+``deepseek_v3`` family. Context parallelism is not there yet for MLA (issue 33): preflight
+refuses it for this family in one line."""
 
 from __future__ import annotations
 
+from torchtitan.models.deepseek_v3.block_plan import block_plan
 from torchtitan.models.deepseek_v3.flavors import deepseek_v3_configs
 from torchtitan.models.deepseek_v3.hf_adapter import DeepSeekV3StateDictAdapter
 from torchtitan.models.deepseek_v3.model import DeepSeekV3Model, DeepSeekV3ModelArgs
@@ -17,8 +18,8 @@ register_model_spec(
         DeepSeekV3Model,
         deepseek_v3_configs,
         DeepSeekV3StateDictAdapter,
+        block_plan=block_plan,
         not_yet={
-            "tp": "has no tensor-parallel plan for multi-head latent attention yet",
             "cp": "has no context-parallel attention with a softmax scale of its own yet",
         },
     )
