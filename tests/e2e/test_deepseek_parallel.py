@@ -11,10 +11,11 @@ of 64 tokens, the expert bias moving every step. Step 1 within 1e-4 and every st
 within 1e-3 too: its depth runs on the last pipeline stage, from embeddings sent along with the
 hidden states.
 
-Tensor parallel runs without the depth (refused with it, in one line) against its own one-process
-baseline; its gradients are compared one by one with one process's in
-``test_moe_parallel.py`` (``test_gradients_under_tensor_parallel_...``). Context parallelism is
-refused for this family so far.
+Tensor parallel runs without the depth (refused with it, in one line) against a one-process
+baseline without it; its gradients are compared one by one with one process's in
+``test_moe_parallel.py`` (``test_gradients_under_tensor_parallel_...``). Context parallel runs
+without the depth too (refused with it: a depth reads the tokens after a rank's chunk), its
+all-gather attention taking MLA's narrower values and YaRN's softmax scale.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ LAYOUTS = {
     "fsdp2_compile": (2, ["--compile.enable", *_batch(4)]),
     # heads split, the latent down-projections whole on each rank (without the depth)
     "tp2": (2, [*NO_MTP, "--parallelism.tensor_parallel_degree", "2", *_batch(8)]),
+    # narrower values than queries and keys, YaRN's softmax scale (without the depth)
+    "cp2": (2, [*NO_MTP, "--parallelism.context_parallel_degree", "2", *_batch(8)]),
     # packed documents: attention and the depth's targets stay inside them
     "pp2_block_causal": (2, [*PP2, *BLOCK_CAUSAL, *_batch(8)]),
 }

@@ -28,9 +28,11 @@ from torchtitan.distributed.context_parallel import (
 )
 from torchtitan.models.common.attention import document_mask
 
-# (name, batch, query heads, kv heads, sequence length, head dim, dtype)
+# (name, batch, query heads, kv heads, sequence length, head dim, dtype); a head dim pair
+# ``(qk, v)``: narrower values and a softmax scale of its own, as multi-head latent attention has
 CASES = [
     ("mha", 3, 4, 4, 16, 8, torch.float32),
+    ("mla", 2, 4, 4, 16, (12, 8), torch.float32),
     ("gqa", 1, 4, 2, 24, 16, torch.float32),
     ("gqa_bf16", 2, 8, 2, 16, 8, torch.bfloat16),
 ]
@@ -38,15 +40,18 @@ CUDA_CASES = [  # flash (16-bit) and memory-efficient (float32) kernels, Llama-l
     ("cuda_bf16", 2, 8, 2, 256, 64, torch.bfloat16),
     ("cuda_fp16", 1, 4, 4, 128, 64, torch.float16),
     ("cuda_fp32", 1, 8, 2, 96, 64, torch.float32),
+    ("cuda_mla_bf16", 2, 8, 8, 128, (192, 128), torch.bfloat16),
 ]
+MLA_SCALE = 0.3  # not 1 / sqrt(head dim)
 
 
-def reference(q, k, v, doc_ids=None):
+def reference(q, k, v, doc_ids=None, scale=None):
     n_rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
     if doc_ids is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(doc_ids))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    mask = document_mask(doc_ids)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
 def documents(b: int, t: int, g: torch.Generator) -> torch.Tensor:
@@ -69,18 +74,23 @@ def gather(x: torch.Tensor, cp: int) -> torch.Tensor:
 def run_case(name, b, h, h_kv, t, d, dtype, device="cpu", docs=False) -> None:
     cp, rank = dist.get_world_size(), dist.get_rank()
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(b, n, t, d, generator=g).to(device, dtype) for n in (h, h_kv, h_kv))
-    dout = torch.randn(b, h, t, d, generator=g).to(device, dtype)
+    d, dv = d if isinstance(d, tuple) else (d, d)
+    scale = MLA_SCALE if dv != d else None
+    shapes = ((h, d), (h_kv, d), (h_kv, dv))
+    q, k, v = (torch.randn(b, n, t, e, generator=g).to(device, dtype) for n, e in shapes)
+    dout = torch.randn(b, h, t, dv, generator=g).to(device, dtype)
     doc_ids = documents(b, t, g).to(device) if docs else None
 
-    exact, exact_grads = sdpa_with_grads(q.float(), k.float(), v.float(), dout.float(), doc_ids)
-    plain, plain_grads = sdpa_with_grads(q, k, v, dout, doc_ids)
+    exact, exact_grads = sdpa_with_grads(
+        q.float(), k.float(), v.float(), dout.float(), doc_ids, scale
+    )
+    plain, plain_grads = sdpa_with_grads(q, k, v, dout, doc_ids, scale)
 
     mine = [shard_sequence(x, cp, rank, dim=2).detach().requires_grad_() for x in (q, k, v)]
     kernel = ContextParallelAttention(dist.group.WORLD)
     # the model hands the kernel its part of the document ids, which mask_for gathers
     mask = None if doc_ids is None else kernel.mask_for(shard_sequence(doc_ids, cp, rank))
-    out = kernel(*mine, mask)
+    out = kernel(*mine, mask, scale)
     out.backward(shard_sequence(dout, cp, rank, dim=2))
     cp_out = gather(out.detach(), cp)
     cp_grads = [gather(m.grad, cp) for m in mine]
@@ -94,9 +104,9 @@ def run_case(name, b, h, h_kv, t, d, dtype, device="cpu", docs=False) -> None:
         print(f"RESULT {name}{'_docs' if docs else ''} " + " ".join(f"{e:.3e}" for e in errs))
 
 
-def sdpa_with_grads(q, k, v, dout, doc_ids=None):
+def sdpa_with_grads(q, k, v, dout, doc_ids=None, scale=None):
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out = reference(*leaves, doc_ids)
+    out = reference(*leaves, doc_ids, scale)
     out.backward(dout)
     return out.detach(), [x.grad for x in leaves]
 

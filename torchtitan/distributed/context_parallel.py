@@ -78,20 +78,24 @@ def _attention_forward(
     v: torch.Tensor,
     causal: bool,
     bias: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[Any, ...]]:
     """``(out, lse [B, H, Lq] float32, what backward needs)``; causal is top-left aligned;
-    ``bias`` an additive mask ``[B, 1, Lq, Lk]`` (0 or -inf) in the queries' dtype."""
+    ``bias`` an additive mask ``[B, 1, Lq, Lk]`` (0 or -inf) in the queries' dtype; ``scale``
+    the softmax scale (None: ``1 / sqrt(head dim)``)."""
     if q.device.type == "cpu":
         out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, causal, attn_mask=bias
+            q, k, v, 0.0, causal, attn_mask=bias, scale=scale
         )
         return out, lse, ()
     if bias is None and q.dtype in (torch.float16, torch.bfloat16):
-        out, lse, *extra = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+        out, lse, *extra = aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, causal, scale=scale
+        )
         return out, lse, tuple(extra[:6])  # cum_seq_q/k, max_q/k, philox seed/offset
     bias = None if bias is None else bias.expand(-1, q.shape[1], -1, -1)
     out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
-        q, k, v, bias, True, 0.0, causal
+        q, k, v, bias, True, 0.0, causal, scale=scale
     )
     # The memory-efficient kernel pads the log-sum-exp to a multiple of 32 positions.
     return out, lse[..., : q.shape[2]], (lse.shape[-1], seed, offset)
@@ -107,15 +111,30 @@ def _attention_backward(
     causal: bool,
     extra: tuple[Any, ...],
     bias: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if q.device.type == "cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse, 0.0, causal, attn_mask=bias
+            dout, q, k, v, out, lse, 0.0, causal, attn_mask=bias, scale=scale
         )
     if bias is None and q.dtype in (torch.float16, torch.bfloat16):
         cum_q, cum_k, max_q, max_k, seed, offset = extra
         return aten._scaled_dot_product_flash_attention_backward(
-            dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            cum_q,
+            cum_k,
+            max_q,
+            max_k,
+            0.0,
+            causal,
+            seed,
+            offset,
+            scale=scale,
         )
     padded, seed, offset = extra
     lse = torch.nn.functional.pad(lse, (0, padded - lse.shape[-1]))
@@ -125,7 +144,19 @@ def _attention_backward(
     # (measured on an H100: errors of 0.7 against 0.008).
     out = out.transpose(1, 2).contiguous().transpose(1, 2)
     dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-        dout, q, k, v, bias, out, lse, seed, offset, 0.0, [True, True, True, False], causal
+        dout,
+        q,
+        k,
+        v,
+        bias,
+        out,
+        lse,
+        seed,
+        offset,
+        0.0,
+        [True, True, True, False],
+        causal,
+        scale=scale,
     )
     return dq, dk, dv
 
@@ -199,10 +230,11 @@ def _pieces(chunk: int, c: int, documents: bool) -> list[tuple[slice, bool]]:
 
 class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, doc_ids, group, cp, cp_rank):  # type: ignore[override]
+    def forward(ctx, q, k, v, doc_ids, group, cp, cp_rank, scale):  # type: ignore[override]
         k_all, v_all = _gather_sequence(k, group, cp), _gather_sequence(v, group, cp)
         n_rep = q.shape[1] // k.shape[1]
         keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
+        values = _padded_values(values, q.shape[-1])
         c = q.shape[2] // 2  # chunk length
         outs, lses, extras, biases = [], [], [], []
         for slot, chunk in enumerate(chunk_ids(cp, cp_rank)):
@@ -210,7 +242,9 @@ class _AllGatherAttention(torch.autograd.Function):
             merged, slot_extras = None, []
             bias = None if doc_ids is None else _document_bias(doc_ids, chunk, c, q.dtype)
             for at, causal in _pieces(chunk, c, doc_ids is not None):
-                piece = _attention_forward(q_c, keys[:, :, at], values[:, :, at], causal, bias)
+                piece = _attention_forward(
+                    q_c, keys[:, :, at], values[:, :, at], causal, bias, scale
+                )
                 merged = piece[:2] if merged is None else _merge(*merged, *piece[:2])
                 slot_extras.append(piece[2])
                 biases.append(bias)
@@ -220,14 +254,16 @@ class _AllGatherAttention(torch.autograd.Function):
         out = torch.cat(outs, dim=2)
         ctx.save_for_backward(q, k_all, v_all, out, torch.cat(lses, dim=2), doc_ids, *biases)
         ctx.extras, ctx.group, ctx.cp, ctx.cp_rank = extras, group, cp, cp_rank
-        ctx.k_dtype = k.dtype
-        return out
+        ctx.k_dtype, ctx.scale, ctx.v_dim = k.dtype, scale, v.shape[-1]
+        return out[..., : v.shape[-1]]
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
         q, k_all, v_all, out, lse, doc_ids, *biases = ctx.saved_tensors
         n_rep = q.shape[1] // k_all.shape[1]
         keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
+        values = _padded_values(values, q.shape[-1])
+        dout = _padded_values(dout, q.shape[-1])  # the padding channels' outputs: no gradient
         dq = torch.empty_like(q)
         dk = torch.zeros(keys.shape, dtype=torch.float32, device=q.device)
         dv = torch.zeros_like(dk)
@@ -253,17 +289,28 @@ class _AllGatherAttention(torch.autograd.Function):
                     causal,
                     extra,
                     bias,
+                    ctx.scale,
                 )
                 dq_c += g_q.float()
                 dk[:, :, at] += g_k.float()
                 dv[:, :, at] += g_v.float()
             dq[:, :, mine] = dq_c.to(q.dtype)
+        dv = dv[..., : ctx.v_dim]
         if keys.shape[1] != k_all.shape[1]:  # repeated: each copy served one query head
             dk = dk.unflatten(1, (-1, n_rep)).sum(2)
             dv = dv.unflatten(1, (-1, n_rep)).sum(2)
         dk = _scatter_grad(dk, ctx.group, ctx.cp, ctx.k_dtype)
         dv = _scatter_grad(dv, ctx.group, ctx.cp, ctx.k_dtype)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _padded_values(v: torch.Tensor, qk_dim: int) -> torch.Tensor:
+    """Values (or output gradients) zero-padded to the query/key head size: the fused kernels
+    take one head size, and zero value channels add zero output channels (multi-head latent
+    attention's values are narrower than its queries and keys)."""
+    if v.shape[-1] == qk_dim:
+        return v
+    return torch.nn.functional.pad(v, (0, qk_dim - v.shape[-1]))
 
 
 def all_gather_attention(
@@ -272,16 +319,18 @@ def all_gather_attention(
     v: torch.Tensor,
     group: dist.ProcessGroup,
     doc_ids: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence's keys and values, or
     block-causal within documents when ``doc_ids [B, T]`` (the whole sequence's) are given.
 
-    ``q [B, H, T/cp, D]``, ``k, v [B, H_kv, T/cp, D]``, each holding this rank's two chunks
-    (``shard_sequence``); returns ``[B, H, T/cp, D]``. Functional collectives keep it traceable
-    by ``torch.compile``.
+    ``q [B, H, T/cp, D]``, ``k [B, H_kv, T/cp, D]``, ``v [B, H_kv, T/cp, Dv]`` (``Dv <= D``),
+    each holding this rank's two chunks (``shard_sequence``); returns ``[B, H, T/cp, Dv]``.
+    ``scale``: the softmax scale (None: ``1 / sqrt(D)``). Functional collectives keep it
+    traceable by ``torch.compile``.
     """
     cp, cp_rank = dist.get_world_size(group), dist.get_rank(group)
-    return _AllGatherAttention.apply(q, k, v, doc_ids, group.group_name, cp, cp_rank)
+    return _AllGatherAttention.apply(q, k, v, doc_ids, group.group_name, cp, cp_rank, scale)
 
 
 class ContextParallelAttention(nn.Module):
@@ -300,9 +349,14 @@ class ContextParallelAttention(nn.Module):
         return unshard_sequence(parts, cp, dim=1)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: Any = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
-        return all_gather_attention(q, k, v, self.group, doc_ids=mask)
+        return all_gather_attention(q, k, v, self.group, doc_ids=mask, scale=scale)
 
 
 # ----------------------------------------------------------------------------- model

@@ -487,8 +487,7 @@ class Pipeline:
         self.last_rank = plan.stage_rank(plan.num_stages - 1)
         stage_cls = _keeping_buffers(PipelineStage)
         stages = [
-            stage_cls(parts[s], s, plan.num_stages, device, group=group)
-            for s in self.stage_indices
+            stage_cls(parts[s], s, plan.num_stages, device, group=group) for s in self.stage_indices
         ]
         # a CSV file's order runs on torch's runtime of compute actions (it adds the sends and
         # receives), on every rank's stages

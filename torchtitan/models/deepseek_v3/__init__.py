@@ -1,6 +1,6 @@
 """DeepSeek-V3 / Kimi K2 / Moonlight (multi-head latent attention, DeepSeekMoE), registered as the
-``deepseek_v3`` family. Context parallelism is not there yet for MLA (issue 33): preflight
-refuses it for this family in one line."""
+``deepseek_v3`` family (every parallelism; multi-token prediction refuses tensor and context
+parallel, in one line)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,5 @@ register_model_spec(
         deepseek_v3_configs,
         DeepSeekV3StateDictAdapter,
         block_plan=block_plan,
-        not_yet={
-            "cp": "has no context-parallel attention with a softmax scale of its own yet",
-        },
     )
 )
