@@ -18,7 +18,12 @@ blocks usually save less), and float8 (estimated in the compute dtype). With pip
 one micro-batch of each local stage is traced and its activations are multiplied by the number of
 micro-batches a stage holds at once (1F1B-style schedules: up to pp; GPipe: all of them).
 
-Mixture-of-experts models (``qwen3_moe``, ``llama4``) are traced like the others. Under expert
+Multi-token prediction (``deepseek_v3``'s depths) is traced as training runs it: the depths'
+blocks and logits on the last stage, the embeddings travelling with the hidden states between
+pipeline stages. Multi-head latent attention needs nothing of its own: the trace sees its
+latent projections and its narrower values as they are.
+
+Mixture-of-experts models (``qwen3_moe``, ``llama4``, ``deepseek_v3``) are traced like the others. Under expert
 parallelism the all-to-all dispatch needs host split sizes read from the router's counts, which
 fake tensors do not have: the estimate assumes balanced routing, each of the E experts receiving
 N x top_k / E of the N tokens a rank routes (``exchange_counts`` in
@@ -329,13 +334,20 @@ def _stage_forward(part, model_args, first, last, batch, seq, dtype, loss_fn):
     ``training.loss_chunks``) on the last stage, else a sum of the output."""
     import torch
 
+    from torchtitan.train.loss import MTPLoss, mtp_targets
+
+    mtp = isinstance(loss_fn, MTPLoss)
     if first:
         x = torch.randint(0, model_args.vocab_size, (batch, seq))
-    else:  # hidden states from the previous stage, in the compute dtype
-        x = torch.randn(batch, seq, model_args.dim, dtype=dtype, requires_grad=True)
+    else:  # hidden states from the previous stage (and the embeddings with MTP), compute dtype
+        rows = 2 * batch if mtp else batch
+        x = torch.randn(rows, seq, model_args.dim, dtype=dtype, requires_grad=True)
     out = part(x)
     if last:
-        return loss_fn(out, torch.randint(0, model_args.vocab_size, (batch, seq)), 1.0)
+        labels = torch.randint(0, model_args.vocab_size, (batch, seq))
+        if mtp:  # each prediction depth's targets too, as training passes them
+            labels = mtp_targets(labels, None, loss_fn.depths)
+        return loss_fn(out, labels, 1.0)
     return out.float().sum()
 
 

@@ -315,3 +315,30 @@ def test_bad_input_is_one_line(tmp_path):
         "size 3"
     )
     assert "\n" not in out.stderr.strip()
+
+
+@pytest.mark.slow
+def test_deepseek_estimate_with_and_without_mtp_matches_the_measured_peak(tmp_path):
+    """Multi-head latent attention and the multi-token-prediction depth traced as training runs
+    them: the DeepSeek-V3 debug flavor on CPU at 4 x 512, with its depth and without, estimate
+    and measured peak within the tolerance above, and the depth's cost (its block's activations
+    and its logits) in both."""
+    args = [
+        *RUN,
+        "--job.config_file",
+        "train_configs/deepseek_v3_debug.toml",
+        "--training.local_batch_size",
+        "4",
+        "--training.seq_len",
+        "512",
+    ]
+    peaks = {}
+    for depths in ("1", "0"):
+        run = [*args, "--model.num_mtp_layers", depths]
+        estimate = _estimate(tmp_path, "--device-type", "cpu", "--world-size", "1", *run)
+        measured = _measure(tmp_path, *run)
+        print(f"\nmtp {depths}: estimated {estimate['peak_gib']:.3f}, measured {measured:.3f} GiB")
+        assert abs(measured - estimate["peak_gib"]) <= 0.1 * measured + 0.1, (depths, measured)
+        peaks[depths] = (estimate["peak_gib"], measured)
+    # at least the depth's float32 logits (4 x 512 x 2256 x 4 B = 0.017 GiB) more, in both
+    assert peaks["1"][0] - peaks["0"][0] > 0.017 and peaks["1"][1] - peaks["0"][1] > 0.017, peaks

@@ -1,5 +1,7 @@
 """Hugging Face model folders: ``config.json`` plus ``model.safetensors``, or shards listed in
-``model.safetensors.index.json`` (its ``weight_map``), as ``from_pretrained`` reads them."""
+``model.safetensors.index.json`` (its ``weight_map``), as ``from_pretrained`` reads them.
+Block-quantized FP8 releases (DeepSeek-V3, Kimi K2: ``weight_scale_inv`` beside each float8
+weight) are dequantized as they are read."""
 
 from __future__ import annotations
 
@@ -51,7 +53,50 @@ def read_folder(
             raise HFFormatError(f"cannot read {file} ({type(e).__name__}: {e})") from e
         if progress is not None:
             progress(i + 1, len(files))
+    if any(k.endswith(SCALE_SUFFIX) for k in state):
+        state = dequantize_fp8_blocks(state, _block_size(path))
     return state
+
+
+SCALE_SUFFIX = "_scale_inv"  # DeepSeek's FP8 releases: ``<name>.weight_scale_inv``
+
+
+def _block_size(path: str) -> tuple[int, int]:
+    """``quantization_config.weight_block_size`` of the folder's config.json ([128, 128] in
+    DeepSeek-V3's and Kimi K2's releases, the default)."""
+    config = read_config(path) if os.path.isfile(os.path.join(path, "config.json")) else {}
+    size = (config.get("quantization_config") or {}).get("weight_block_size") or [128, 128]
+    if len(size) != 2 or not all(isinstance(n, int) and n > 0 for n in size):
+        raise HFFormatError(
+            f"{path}/config.json: quantization_config.weight_block_size {size} is not two "
+            "positive integers"
+        )
+    return size[0], size[1]
+
+
+def dequantize_fp8_blocks(
+    state: dict[str, torch.Tensor], block: tuple[int, int] = (128, 128)
+) -> dict[str, torch.Tensor]:
+    """``state`` with each block-quantized weight (float8, with ``<name>_scale_inv``: one float32
+    scale per ``block`` of rows x columns, the last blocks partial) multiplied out to bfloat16,
+    the dtype DeepSeek's own ``fp8_cast_bf16`` conversion writes, and the scales dropped."""
+    out = {k: v for k, v in state.items() if not k.endswith(SCALE_SUFFIX)}
+    for scale_name in [k for k in state if k.endswith(SCALE_SUFFIX)]:
+        name = scale_name[: -len(SCALE_SUFFIX)]
+        w, scale = state.get(name), state[scale_name]
+        if w is None:
+            raise HFFormatError(f"{scale_name} has no weight {name} to scale")
+        rows, cols = w.shape[0], w.shape[-1] if w.dim() > 1 else 1
+        want = (-(-rows // block[0]), -(-cols // block[1]))
+        if w.dim() != 2 or tuple(scale.shape) != want:
+            raise HFFormatError(
+                f"{scale_name}: shape {tuple(scale.shape)} does not scale {name} "
+                f"{tuple(w.shape)} in blocks of {block[0]}x{block[1]} (wants {want})"
+            )
+        full = scale.float().repeat_interleave(block[0], 0)[:rows]
+        full = full.repeat_interleave(block[1], 1)[:, :cols]
+        out[name] = (w.float() * full).to(torch.bfloat16)
+    return out
 
 
 def write_folder(
