@@ -11,6 +11,7 @@
 #   ceilings    bf16 matmul TFLOP/s and copy GB/s (benchmarks/ceilings.py)
 #   rmsnorm     the three RMSNorm implementations (benchmarks/rmsnorm.py)
 #   model_step  our training step against the shortest hand-written model (benchmarks/model_step.py)
+#   mla         MLA against GQA at equal parameters, and MTP's price per step (benchmarks/mla.py)
 # The longer tuning runs (1B/3B/8B throughput, float8) need the Llama 3 tokenizer and are listed in
 # docs/performance.md ("On a GPU: commands to run").
 set -u
@@ -40,6 +41,7 @@ part gpu_tests "${T_TESTS:-240}" python -m pytest -m gpu tests/ -q -p no:cachepr
 part ceilings "${T_BENCH:-120}" python benchmarks/ceilings.py
 part rmsnorm "${T_BENCH:-120}" python benchmarks/rmsnorm.py --device cuda
 part model_step "${T_BENCH:-120}" python benchmarks/model_step.py --device cuda
+part mla "${T_BENCH:-120}" python benchmarks/mla.py --device cuda --batch 8 --seq 2048
 
 echo "== summary ($(date -u +%F), $(python -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null))"
 printf '%s\n' "${summary[@]}"

@@ -187,6 +187,19 @@ LAYOUTS = {
             "4",
         ],
     ),
+    # every block's parameters freed after its forward, the root's kept until backward: the
+    # loss calls the output projection itself (once crashed: sharded weights outside FSDP)
+    "loss_chunks_fsdp2_reshard_always": (
+        2,
+        [
+            "--parallelism.fsdp_reshard_after_forward",
+            "always",
+            "--training.loss_chunks",
+            "4",
+            "--training.local_batch_size",
+            "4",
+        ],
+    ),
     "pp2_1f1b_loss_chunks": (
         2,
         [

@@ -30,8 +30,12 @@ def apply_fsdp(
     reshard_after_forward: str,
     experts_mesh: DeviceMesh | None = None,
     experts_divide_factor: int = 1,
+    root_used_after_forward: bool = False,
 ) -> None:
-    """``fully_shard`` per block and at the root over ``dp_mesh``. Under expert parallelism
+    """``fully_shard`` per block and at the root over ``dp_mesh``. ``root_used_after_forward``:
+    the loss calls the output projection itself after the model's forward (``loss_chunks``), so
+    the root's parameters stay gathered until backward even under ``"always"`` (resharded, the
+    projection would get sharded weights outside any FSDP hook). Under expert parallelism
     (``experts_mesh``: the experts' FSDP mesh) each MoE layer's routed experts are sharded by
     their own ``fully_shard`` over that mesh, their summed gradients divided by
     ``experts_divide_factor`` (every rank that averages gradients: see expert_parallel.py)."""
@@ -55,9 +59,8 @@ def apply_fsdp(
                 # factor and again after the reduction (expert gradients 1/ep of their value)
                 experts.set_force_sum_reduction_for_comms(True)
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-    fully_shard(
-        model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward == "always"
-    )
+    root_reshard = reshard_after_forward == "always" and not root_used_after_forward
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=root_reshard)
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> None:

@@ -100,6 +100,7 @@ def parallelize_decoder(
             reshard_after_forward=reshard,
             experts_mesh=dims.expert_fsdp_mesh if dims.ep > 1 else None,
             experts_divide_factor=dims.dp_replicate * dims.dp_shard * dims.cp,
+            root_used_after_forward=training.loss_chunks > 1,
         )
         if dims.replicates_through_fsdp:
             logger.info(
