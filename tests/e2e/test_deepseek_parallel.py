@@ -37,6 +37,11 @@ BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal"]
 NO_MTP = ["--model.num_mtp_layers", "0"]  # tensor parallel refuses multi-token prediction
 
 
+def _has(args: list[str], pair: list[str]) -> bool:
+    """Whether ``args`` holds ``pair`` (a key and its value) next to each other."""
+    return any(args[i : i + len(pair)] == pair for i in range(len(args)))
+
+
 def _batch(n: int) -> list[str]:
     return ["--training.local_batch_size", str(n)]
 
@@ -77,10 +82,11 @@ def _run(pools, tmp_path, ngpu: int, extra: list[str], resumes: bool = False) ->
     out = pooled(pools, tmp_path, *COMMON, *extra, ngpu=ngpu, config=CONFIG)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Model deepseek_v3 debugmodel" in out.stdout, out.stdout[-3000:]
-    assert ("mtp: loss" in out.stdout) == (NO_MTP[1] not in extra)
+    mtp = not _has(extra, NO_MTP)
+    assert ("mtp: loss" in out.stdout) == mtp
     assert "moe: load max/mean" in out.stdout
     assert ("Loaded training state from" in out.stdout) == resumes
-    tags = ("loss", "grad_norm") + (() if NO_MTP[1] in extra else ("mtp/loss",))
+    tags = ("loss", "grad_norm") + (("mtp/loss",) if mtp else ())
     values = {tag: tensorboard_scalars_all_runs(tmp_path / "out", tag) for tag in tags}
     values.setdefault("mtp/loss", {step: 0.0 for step in values["loss"]})
     assert sorted(values["loss"]) == list(range(1, STEPS + 1)), values
@@ -100,7 +106,7 @@ def baselines(pools, tmp_path_factory):
             losses = values["loss"]
             assert losses[1] - losses[STEPS] > 0.1, losses  # it trains
             mtp = values["mtp/loss"]
-            if NO_MTP[1] not in extra:
+            if not _has(extra, NO_MTP):
                 assert mtp[1] - mtp[STEPS] > 0.1, mtp  # and so does the prediction depth
             cache[key] = values
         return cache[key]
@@ -112,12 +118,8 @@ def baselines(pools, tmp_path_factory):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_deepseek_layout_matches_one_process(pools, tmp_path, baselines, layout):
     ngpu, extra = LAYOUTS[layout]
-    base = baselines(
-        [
-            *(BLOCK_CAUSAL if BLOCK_CAUSAL[1] in extra else []),
-            *(NO_MTP if NO_MTP[1] in extra else []),
-        ]
-    )
+    masking = BLOCK_CAUSAL if _has(extra, BLOCK_CAUSAL) else []
+    base = baselines([*masking, *(NO_MTP if _has(extra, NO_MTP) else [])])
     got = _run(pools, tmp_path, ngpu, extra)
     losses, baseline = got["loss"], base["loss"]
     worst = max(abs(losses[s] - baseline[s]) for s in losses)
