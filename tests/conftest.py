@@ -17,6 +17,15 @@ import sys
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
+# The Ctrl-C tests send SIGINT to the trainers they start. A shell that runs the suite in the
+# background without job control (``bash .ci/run &`` in a script) has it ignored, and an ignored
+# signal stays ignored in every process started from here: the trainers never see the Ctrl-C.
+# Python's own handler instead (children start with the default action again).
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
