@@ -26,6 +26,9 @@ import pytest
 from launcher import (
     EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
+    PP2_1F1B,
+    expert_parallel,
+    local_batch,
     pooled,
     tensorboard_scalars_all_runs,
 )
@@ -42,22 +45,13 @@ def _has(args: list[str], pair: list[str]) -> bool:
     return any(args[i : i + len(pair)] == pair for i in range(len(args)))
 
 
-def _batch(n: int) -> list[str]:
-    return ["--training.local_batch_size", str(n)]
+_batch = local_batch
 
 
-def _ep(n: int) -> list[str]:
-    return ["--parallelism.expert_parallel_degree", str(n)]
+_ep = expert_parallel
 
 
-PP2 = [
-    "--parallelism.pipeline_parallel_degree",
-    "2",
-    "--parallelism.pipeline_parallel_schedule",
-    "1F1B",
-    "--parallelism.pipeline_parallel_microbatch_size",
-    "2",
-]
+PP2 = PP2_1F1B
 # id -> (processes, arguments); local batch sizes keep the global batch at 8 sequences
 LAYOUTS = {
     "fsdp2": (2, _batch(4)),

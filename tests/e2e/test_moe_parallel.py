@@ -32,6 +32,9 @@ import pytest
 from launcher import (
     EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
+    PP2_1F1B,
+    expert_parallel,
+    local_batch,
     pooled,
     tensorboard_scalars_all_runs,
 )
@@ -42,22 +45,13 @@ CONFIGS = {"llama4": "llama4_debug.toml", "qwen3_moe": "qwen3_moe_debug.toml"}
 GRAD_NORMS: dict[str, dict[int, float]] = {}  # run folder -> {step: gradient norm}
 
 
-def _ep(n: int) -> list[str]:
-    return ["--parallelism.expert_parallel_degree", str(n)]
+_ep = expert_parallel
 
 
-def _batch(n: int) -> list[str]:
-    return ["--training.local_batch_size", str(n)]
+_batch = local_batch
 
 
-PP2 = [
-    "--parallelism.pipeline_parallel_degree",
-    "2",
-    "--parallelism.pipeline_parallel_schedule",
-    "1F1B",
-    "--parallelism.pipeline_parallel_microbatch_size",
-    "2",
-]
+PP2 = PP2_1F1B
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 # id -> (family, processes, arguments); local batch sizes keep the global batch at 8 sequences
 LAYOUTS = {

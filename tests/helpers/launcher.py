@@ -42,6 +42,25 @@ PREEMPT_ARGS = [
 EQUIVALENCE_STEPS = 8
 # The optimizer has four parameter groups in every layout (decay or not, attention at half the
 # learning rate), which each parallelism must carry like the single process does.
+# pipeline parallel 2 with the 1F1B schedule and micro-batches of 2 (the layout suites' PP2)
+PP2_1F1B = [
+    "--parallelism.pipeline_parallel_degree",
+    "2",
+    "--parallelism.pipeline_parallel_schedule",
+    "1F1B",
+    "--parallelism.pipeline_parallel_microbatch_size",
+    "2",
+]
+
+
+def local_batch(n: int) -> list[str]:
+    return ["--training.local_batch_size", str(n)]
+
+
+def expert_parallel(n: int) -> list[str]:
+    return ["--parallelism.expert_parallel_degree", str(n)]
+
+
 EQUIVALENCE_ARGS = [
     "--training.steps",
     str(EQUIVALENCE_STEPS),

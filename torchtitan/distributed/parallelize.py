@@ -84,6 +84,19 @@ def parallelize_decoder(
             # the expert-parallel all-to-alls need host splits: graph breaks around them
             block.compile(fullgraph=dims.ep == 1 or getattr(block, "moe", None) is None)
         logger.info("Compiled each transformer block with torch.compile")
+    _apply_data_parallel(model, dims, parallelism, training, device_type)
+    return model
+
+
+def _apply_data_parallel(
+    model: nn.Module,
+    dims: ParallelDims,
+    parallelism: Parallelism,
+    training: Training,
+    device_type: str,
+) -> None:
+    """FSDP2 (HSDP, or DDP through FSDP with one shard rank) where the layout shards or
+    replicates through ``fully_shard``, else plain DDP over ``dp_replicate``."""
     if dims.uses_fully_shard:
         reshard = parallelism.fsdp_reshard_after_forward
         if dims.replicates_through_fsdp:
@@ -112,7 +125,6 @@ def parallelize_decoder(
     elif dims.dp_replicate_enabled:
         apply_ddp(model, dims.sub("dp_replicate"))
         logger.info("Applied DDP to the model")
-    return model
 
 
 def apply_ep(model: nn.Module, dims: ParallelDims) -> None:
