@@ -21,14 +21,18 @@ Sources (``config.json`` values; counts in ``tests/unit/models/test_deepseek_v3.
 * ``kimi_k2``: Kimi K2 (hidden 7168, 61 layers with the first dense, 64 heads, q_lora 1536, 384
   experts of 2048 plus 1 shared, top-8, one group, routed_scaling_factor 2.827, vocab 163840,
   rope_theta 50000, YaRN factor 32 with beta_fast = beta_slow = 1). Published: "1T total, 32B
-  activated" (Kimi-K2 README); 1.04T and 32.6B (Kimi K2 technical report, arXiv:2507.20534).
+  activated" (Kimi-K2 README and the report's abstract, arXiv:2507.20534; the 1.04T and 32.6B
+  often quoted for the report come from secondary sources only).
 
 Counted here (``tests/unit/models/test_deepseek_v3.py``; active = everything but the routed
 experts a token does not use): 16B 15.960B / 2.915B (15.289B / 2.244B without the embedding and
 output: Moonlight's figures); 236B 235.7B / 21.38B; 671B 671.03B / 37.55B; kimi_k2 1026.4B /
-32.86B. Within 1% of the published figure except three, not resolved yet: 236B's active (21B
-published, 1.8% off), 671B's active (37B in the report, 36.7B in DeepSeek's README_WEIGHTS.md:
-1.5% and 2.3% off) and Kimi K2's total (1.04T in its report, 1.3% off).
+32.86B. DeepSeek counts activated parameters without the input embedding (a lookup) but with the
+output head (README_WEIGHTS.md: 36.6B "including 0.9B for the output Head"). So read, every
+published figure is met to the digits it was published with: 236B 20.85B active (21B), 671B
+36.63B (36.6B; 37B in the report), kimi_k2 31.69B (32B) and 1.03T total (1T). README_WEIGHTS'
+figures for the MTP module, 11.5B unique and 1.5B activated with the head, are the depth without
+its ``eh_proj`` (0.10B).
 
 Every published flavor has qk_nope 128, qk_rope 64, v 128 and kv_lora 512. ``vocab_size`` is the
 published one; the debug flavor takes the tokenizer's. Pretraining from scratch used plain rope
