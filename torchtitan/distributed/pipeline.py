@@ -576,7 +576,10 @@ def _keeping_buffers(stage_cls: type) -> type:
     counts in its forward (a MoE layer's ``tokens_per_expert``, its auxiliary loss's sum) would
     count that pass too, and the first optimizer step would move the expert biases by a load no
     micro-batch had: measured on the DeepSeek-V3 debug flavor, PP2 then left one process by
-    1e-4 from step 2 on (up to 1.3e-3 by step 8); with the buffers restored, by 1e-6."""
+    1e-4 from step 2 on (up to 1.3e-3 by step 8); with the buffers restored, by 1e-6. A torch
+    without the cleanup hook (2.11) infers the shapes inside ``_prepare_forward_infra``: there
+    the buffers are restored when it returns (the same PP2 case, 1.2e-3 without, passed
+    with it on torch 2.11, 2026-11-27)."""
 
     class Stage(stage_cls):
         _saved_buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -584,10 +587,16 @@ def _keeping_buffers(stage_cls: type) -> type:
         def _prepare_forward_infra(self, *args: Any, **kwargs: Any) -> Any:
             if self._saved_buffers is None:
                 self._saved_buffers = [(b, b.detach().clone()) for b in self.submod.buffers()]
-            return super()._prepare_forward_infra(*args, **kwargs)
+            out = super()._prepare_forward_infra(*args, **kwargs)
+            if not hasattr(stage_cls, "_post_metadata_inference_cleanup"):
+                self._restore_buffers()  # older torch: shape inference ran in there
+            return out
 
         def _post_metadata_inference_cleanup(self) -> None:
             super()._post_metadata_inference_cleanup()
+            self._restore_buffers()
+
+        def _restore_buffers(self) -> None:
             if self._saved_buffers is not None:
                 with torch.no_grad():
                     for buffer, saved in self._saved_buffers:
