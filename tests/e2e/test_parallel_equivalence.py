@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, tensorboard_scalars
+from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, PP2_1F1B, tensorboard_scalars
 
 STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
 
@@ -47,12 +47,7 @@ LAYOUTS = {
     "pp2_1f1b": (
         2,
         [
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--parallelism.pipeline_parallel_schedule",
-            "1F1B",
-            "--parallelism.pipeline_parallel_microbatch_size",
-            "2",
+            *PP2_1F1B,
             "--training.local_batch_size",
             "8",
         ],
@@ -203,12 +198,7 @@ LAYOUTS = {
     "pp2_1f1b_loss_chunks": (
         2,
         [
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--parallelism.pipeline_parallel_schedule",
-            "1F1B",
-            "--parallelism.pipeline_parallel_microbatch_size",
-            "2",
+            *PP2_1F1B,
             "--training.loss_chunks",
             "3",
             "--training.local_batch_size",

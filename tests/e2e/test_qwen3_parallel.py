@@ -21,7 +21,14 @@ import subprocess
 import sys
 
 import pytest
-from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, pooled, tensorboard_scalars, train_env
+from launcher import (
+    EQUIVALENCE_ARGS,
+    EQUIVALENCE_STEPS,
+    PP2_1F1B,
+    pooled,
+    tensorboard_scalars,
+    train_env,
+)
 from repo_paths import HELPERS, ROOT
 
 STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
@@ -37,12 +44,7 @@ LAYOUTS = {
         2,
         [
             *UNTIED,
-            "--parallelism.pipeline_parallel_degree",
-            "2",
-            "--parallelism.pipeline_parallel_schedule",
-            "1F1B",
-            "--parallelism.pipeline_parallel_microbatch_size",
-            "2",
+            *PP2_1F1B,
             "--training.local_batch_size",
             "8",
         ],
