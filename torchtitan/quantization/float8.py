@@ -52,11 +52,12 @@ def check_converters(converters: list[str], f8: Float8, device_type: str) -> Non
                 f"model.converters: float8 needs CUDA compute capability >= 8.9; this GPU has "
                 f"{major}.{minor}: remove 'float8' from model.converters"
             )
-    elif device_type != "cuda" and not cpu_float8_matmul_works():
+    elif device_type != "cuda" and not f8.emulate and not cpu_float8_matmul_works():
         raise ConfigError(
             f"model.converters: float8 needs a CUDA GPU with compute capability >= 8.9 (e.g. H100) "
             f"or a torch whose CPU build has float8 matmuls (torch._scaled_mm); this {device_type} "
-            f"with torch {torch.__version__} has neither: remove 'float8' from model.converters"
+            f"with torch {torch.__version__} has neither: remove 'float8' from model.converters "
+            f"or set float8.emulate"
         )
     if f8.recipe_name != "tensorwise" and f8.enable_fsdp_float8_all_gather:
         raise ConfigError(
@@ -190,7 +191,12 @@ def apply_converters(model: nn.Module, converters: list[str], f8: Float8) -> Non
         f"Float8 training ({f8.recipe_name} scaling) on {n} linear layers; "
         f"skipped: {', '.join(sorted(skip)) or 'none'}"
     )
-    if dist_utils.device_type != "cuda":
+    if f8.emulate:
+        logger.info(
+            "Float8 matmuls emulated in high precision (float8.emulate): casts and scales "
+            "as on a GPU, the matmul itself in float32"
+        )
+    elif dist_utils.device_type != "cuda":
         logger.warning(
             "Float8 on CPU runs torch's CPU float8 matmul (no faster than float32 here): use it "
             "to check a config's numerics at small sizes (see docs/performance.md), not to train"
