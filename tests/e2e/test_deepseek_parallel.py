@@ -24,6 +24,7 @@ import shutil
 
 import pytest
 from launcher import (
+    COMPILE_AOT_EAGER,
     EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
     PP2_1F1B,
@@ -60,7 +61,7 @@ LAYOUTS = {
     "ep2": (2, [*_ep(2), *_batch(4)]),
     "ep2_fsdp2": (4, [*_ep(2), *_batch(2)]),
     "fsdp2_ac": (2, ["--activation_checkpoint.mode", "full", *_batch(4)]),
-    "fsdp2_compile": (2, ["--compile.enable", *_batch(4)]),
+    "fsdp2_compile": (2, [*COMPILE_AOT_EAGER, *_batch(4)]),
     # heads split, the latent down-projections whole on each rank (without the depth)
     "tp2": (2, [*NO_MTP, "--parallelism.tensor_parallel_degree", "2", *_batch(8)]),
     # narrower values than queries and keys, YaRN's softmax scale (without the depth)

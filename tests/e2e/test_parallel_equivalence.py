@@ -228,7 +228,7 @@ LAYOUTS = {
 # tests/e2e/test_pipeline.py's worker, with every other schedule (Interleaved1F1B is also trained
 # against one process there, by test_train_py_pipelined_losses_match_one_process). Compile alone is left to the
 # layouts that combine it (cp2_tp2_compile, loss_chunks_compile) and, for the masked attention,
-# to test_moe_parallel.py::test_compiled_llama4_blocks_give_eager_gradients (its chunked layers
+# to test_moe_parallel.py::test_blocks_compiled_with_inductor_give_eager_gradients (its chunked layers
 # take the same document mask, compared with eager gradient by gradient).
 BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal", "--training.mask_document_starts"]
 del LAYOUTS["pp2_gpipe"], LAYOUTS["pp2_interleaved"], LAYOUTS["compile"]

@@ -12,7 +12,8 @@ way of holding the experts:
   (``expert_tensor_parallel_degree`` 1), the TP ranks splitting the routed rows.
 
 With ``--compiled-blocks`` each block is also compiled as ``compile.enable`` does (``fullgraph``
-unless the all-to-alls break the graph). Rank 0 prints, for each, the largest error of the logits
+unless the all-to-alls break the graph), with inductor, or with ``--compiled-blocks=aot_eager``
+with that backend (``compile.backend``). Rank 0 prints, for each, the largest error of the logits
 and of any gradient relative to the reference (per tensor, over its largest magnitude), and the
 parameter with the largest gradient error::
 
@@ -59,7 +60,8 @@ def build(name: str, state: dict | None = None) -> torch.nn.Module:
     return model
 
 
-def run(family: str, dims: ParallelDims, whole: bool, compiled: bool) -> None:
+def run(family: str, dims: ParallelDims, whole: bool, compiled: str) -> None:
+    """``compiled``: the blocks' torch.compile backend, or '' for eager."""
     g = torch.Generator().manual_seed(2)
     tokens = torch.randint(0, VOCAB, (2, 32), generator=g)
     dlogits = torch.randn(2, 32, VOCAB, generator=g)
@@ -76,12 +78,12 @@ def run(family: str, dims: ParallelDims, whole: bool, compiled: bool) -> None:
         dims.sub("tp"),
         block_plan,
         loss_parallel=False,
-        compiled_blocks=compiled,
+        compiled_blocks=bool(compiled),
         experts_whole=whole,
     )
     if compiled:
         for block in model.layers.values():
-            block.compile(fullgraph=not whole)
+            block.compile(fullgraph=not whole, backend=compiled)
     logits, grads = step(model, tokens, dlogits)
     errs = {n: rel(grads[n], ref_grads[n]) for n in ref_grads}  # collectives: every rank
     worst = max(errs, key=errs.get)
@@ -94,7 +96,8 @@ def main() -> None:
     per_rank_compile_cache()  # as train.py does (init_distributed)
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    compiled = "--compiled-blocks" in sys.argv
+    flags = [a.partition("=") for a in sys.argv[1:] if a.startswith("--compiled-blocks")]
+    compiled = (flags[0][2] or "inductor") if flags else ""
     n = dist.get_world_size()
     split = ParallelDims(1, 1, 1, n, 1, n)
     whole = ParallelDims(1, 1, 1, n, 1, n, ep=n, etp=1)

@@ -353,7 +353,6 @@ ALIASES: dict[str, Alias] = {
         bool, (False,), "not supported here; use false"
     ),
     # [compile], [comm], [debug], [checkpoint]: late-2025 keys with one value here
-    "compile.backend": _refuse(str, ("inductor",), "blocks compile with inductor here"),
     "comm.save_traces_file_prefix": _refuse(
         str, ("rank_",), "flight-recorder dumps are named rank_N here"
     ),

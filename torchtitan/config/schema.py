@@ -451,9 +451,20 @@ class Compile:
         choices=("model", "loss"),
     )
 
+    backend: str = opt(
+        "inductor",
+        "torch.compile backend: inductor (generated kernels), aot_eager (the captured forward and "
+        "backward graphs run op by op, no code generated: for debugging and quick checks), eager",
+        choices=("inductor", "aot_eager", "eager"),
+    )
+
     def compiles(self, component: str) -> bool:
         """Whether ``component`` ('model' or 'loss') is compiled."""
         return self.enable and component in self.components
+
+    def described(self) -> str:
+        """'torch.compile', with the backend named where it is not inductor (for log lines)."""
+        return "torch.compile" + ("" if self.backend == "inductor" else f" ({self.backend})")
 
 
 @dataclass

@@ -80,12 +80,18 @@ def parallelize_decoder(
             + (f" ({ac.selective_ac_option})" if ac.mode == "selective" else "")
         )
     if compile.compiles("model"):
-        for block in blocks(model):
-            # the expert-parallel all-to-alls need host splits: graph breaks around them
-            block.compile(fullgraph=dims.ep == 1 or getattr(block, "moe", None) is None)
-        logger.info("Compiled each transformer block with torch.compile")
+        compile_blocks(model, compile, experts_all_to_all=dims.ep > 1)
     _apply_data_parallel(model, dims, parallelism, training, device_type)
     return model
+
+
+def compile_blocks(model: nn.Module, compile: Compile, *, experts_all_to_all: bool) -> None:
+    """torch.compile each transformer block with ``compile.backend``: whole graphs, except
+    around the expert-parallel all-to-alls (they need host splits: graph breaks there)."""
+    for block in blocks(model):
+        fullgraph = not experts_all_to_all or getattr(block, "moe", None) is None
+        block.compile(fullgraph=fullgraph, backend=compile.backend)
+    logger.info(f"Compiled each transformer block with {compile.described()}")
 
 
 def _apply_data_parallel(

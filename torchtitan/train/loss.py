@@ -198,8 +198,8 @@ def build_loss_fn(dims: ParallelDims, job_config: JobConfig, parts: list[nn.Modu
         logger.info("Loss not compiled: the vocab-parallel loss of tensor parallelism stays eager")
         loss_fn = token_mean(sum_loss)
     else:
-        logger.info("Compiled the loss with torch.compile")
-        loss_fn = token_mean(torch.compile(sum_loss))
+        logger.info(f"Compiled the loss with {job_config.compile.described()}")
+        loss_fn = token_mean(torch.compile(sum_loss, backend=job_config.compile.backend))
     depths = mtp_depths(parts)
     if not depths:
         return loss_fn

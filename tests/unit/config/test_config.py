@@ -193,6 +193,11 @@ def test_debug_config_parses():
             [],
             "compile.components: 'optimizer' is not one of: model, loss",
         ),
+        (
+            "",
+            ["--compile.backend", "cudagraphs"],
+            "--compile.backend: 'cudagraphs' is not one of: inductor, aot_eager, eager",
+        ),
     ],
 )
 def test_validation_errors(tmp_path, toml, args, expected):
@@ -369,3 +374,19 @@ def test_compile_components_choose_what_is_compiled():
     assert c.compiles("loss") and not c.compiles("model")
     assert not parse_args(["--compile.components", "model,loss"]).compile.compiles("model")
     assert parse_args(["--compile.enable"]).compile.components == ["model", "loss"]
+
+
+def test_compile_backend_is_passed_on_and_named_where_not_inductor(monkeypatch):
+    import torch.nn as nn
+
+    from torchtitan.distributed import parallelize
+
+    assert parse_args([]).compile.backend == "inductor"
+    assert parse_args(["--compile.enable"]).compile.described() == "torch.compile"
+    c = parse_args(["--compile.enable", "--compile.backend", "aot_eager"]).compile
+    assert c.described() == "torch.compile (aot_eager)"
+    seen = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: seen.append(kw["backend"]))
+    monkeypatch.setattr(parallelize, "blocks", lambda model: [nn.Linear(2, 2)] * 3)
+    parallelize.compile_blocks(nn.Module(), c, experts_all_to_all=False)
+    assert seen == ["aot_eager"] * 3
