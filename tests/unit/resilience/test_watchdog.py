@@ -30,14 +30,15 @@ def _steps(dog: HangWatchdog, first: int, seconds: list[float]) -> None:
 
 
 def test_a_step_over_the_limit_writes_every_threads_stack_once(tmp_path, warnings_logged):
-    # seconds well apart, for a loaded machine: 10 ms steps, a 1.5 s floor, a 4 s stuck step
-    dog = HangWatchdog(str(tmp_path), rank=3, factor=3.0, floor_s=1.5, poll_s=0.05)
+    # times well apart, for a loaded machine: 10 ms steps, a 0.6 s floor (60 steps' worth), a
+    # 1.6 s stuck step
+    dog = HangWatchdog(str(tmp_path), rank=3, factor=3.0, floor_s=0.6, poll_s=0.05)
     try:
         # the first step (compilation) is slow and not counted; then 10 ms steps: the floor
-        _steps(dog, 1, [2.0, 0.01, 0.01])
-        assert dog.limit() == pytest.approx(1.5)
+        _steps(dog, 1, [0.8, 0.01, 0.01])
+        assert dog.limit() == pytest.approx(0.6)
         assert not (tmp_path / "hangs").exists()
-        _steps(dog, 4, [4.0])  # over twice the limit: still one file
+        _steps(dog, 4, [1.6])  # over twice the limit: still one file
         _steps(dog, 5, [0.01])
     finally:
         dog.close()
