@@ -29,8 +29,9 @@ import torch
 import torch.distributed as dist
 from norms_tp_worker import rel, step  # the same one-step run and per-tensor error
 
+from torchtitan.config.schema import Compile
 from torchtitan.distributed.parallel_dims import ParallelDims
-from torchtitan.distributed.parallelize import apply_ep
+from torchtitan.distributed.parallelize import apply_ep, compile_blocks
 from torchtitan.distributed.tensor_parallel import apply_tp, decoder_block_plan
 from torchtitan.distributed.utils import per_rank_compile_cache
 from torchtitan.models.spec import get_model_args, get_model_spec
@@ -81,9 +82,8 @@ def run(family: str, dims: ParallelDims, whole: bool, compiled: str) -> None:
         compiled_blocks=bool(compiled),
         experts_whole=whole,
     )
-    if compiled:
-        for block in model.layers.values():
-            block.compile(fullgraph=not whole, backend=compiled)
+    if compiled:  # as compile.enable does
+        compile_blocks(model, Compile(enable=True, backend=compiled), experts_all_to_all=whole)
     logits, grads = step(model, tokens, dlogits)
     errs = {n: rel(grads[n], ref_grads[n]) for n in ref_grads}  # collectives: every rank
     worst = max(errs, key=errs.get)
