@@ -26,10 +26,6 @@ import signal  # noqa: E402
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -37,44 +33,6 @@ import torch  # noqa: E402
 pytest.register_assert_rewrite("download_scripts", "norm_checks")
 
 from launcher import FOUR_WORKER_ARGS, PREEMPT_ARGS, launch, tensorboard_scalars  # noqa: E402
-from machine_lock import machine  # noqa: E402
-
-# ----------------------------------------------------------------------- two tests at a time
-# CI runs the suite in two pytest-xdist workers (`-n 2 --dist loadfile`: a file's tests, and its
-# module fixtures, stay on one worker). Tests marked `exclusive` run with the machine to
-# themselves: the other worker finishes the test it is in and waits (tests/helpers/machine_lock.py).
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """The ops tier runs alone: fixed ports, network namespaces, Slurm daemons, signal timing."""
-    for item in items:
-        if "tests/ops/" in item.nodeid:
-            item.add_marker(pytest.mark.exclusive)
-
-
-_LOCKS = "TORCHTITAN_TEST_LOCKS"  # the lock files' folder, made by the xdist controller
-
-
-def pytest_configure(config) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("numprocesses", None):
-        os.environ[_LOCKS] = tempfile.mkdtemp(prefix="torchtitan-tests-")  # workers inherit it
-
-
-def pytest_unconfigure(config) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER") and _LOCKS in os.environ:
-        shutil.rmtree(os.environ.pop(_LOCKS), ignore_errors=True)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Under xdist, each test (its fixtures' setup and teardown included) holds the machine
-    shared, or alone where it is marked ``exclusive``."""
-    folder = os.environ.get(_LOCKS) if os.environ.get("PYTEST_XDIST_WORKER") else None
-    if folder is None:
-        yield
-        return
-    with machine(Path(folder), alone=item.get_closest_marker("exclusive") is not None):
-        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -17,9 +17,6 @@ import pytest
 from launcher import kill_all, tensorboard_scalars, train_env, worker_pids
 from repo_paths import ROOT
 
-# a CPU hog pinned beside one rank: another test's load would make stragglers of its own
-pytestmark = pytest.mark.exclusive
-
 ARGS = [
     "--training.steps",
     "2000",  # ended by the test once the report is seen

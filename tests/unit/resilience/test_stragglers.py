@@ -20,9 +20,6 @@ from torchtitan.resilience.stragglers import (
     summarize,
 )
 
-# step times and CPU shares are measured: another test's load would change them
-pytestmark = pytest.mark.exclusive
-
 
 @pytest.fixture
 def lines_logged():

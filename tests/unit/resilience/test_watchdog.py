@@ -11,9 +11,6 @@ from log_capture import logged
 
 from torchtitan.resilience.watchdog import SHARE_OF_TIMEOUT, HangWatchdog
 
-# sub-second timeouts: another test's load would delay the watchdog's thread
-pytestmark = pytest.mark.exclusive
-
 
 @pytest.fixture
 def warnings_logged():
