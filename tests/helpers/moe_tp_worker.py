@@ -13,7 +13,7 @@ way of holding the experts:
 
 With ``--compiled-blocks`` each block is also compiled as ``compile.enable`` does (``fullgraph``
 unless the all-to-alls break the graph), with inductor, or with ``--compiled-blocks=aot_eager``
-with that backend (``compile.backend``). Rank 0 prints, for each, the largest error of the logits
+with that backend (``compile.backend``); ``--whole-only`` runs the ``whole`` layout alone. Rank 0 prints, for each, the largest error of the logits
 and of any gradient relative to the reference (per tensor, over its largest magnitude), and the
 parameter with the largest gradient error::
 
@@ -98,13 +98,15 @@ def main() -> None:
     torch.set_num_threads(1)
     flags = [a.partition("=") for a in sys.argv[1:] if a.startswith("--compiled-blocks")]
     compiled = (flags[0][2] or "inductor") if flags else ""
+    only_whole = "--whole-only" in sys.argv[1:]
     n = dist.get_world_size()
     split = ParallelDims(1, 1, 1, n, 1, n)
     whole = ParallelDims(1, 1, 1, n, 1, n, ep=n, etp=1)
     for dims in (split, whole):
         dims.build_mesh("cpu")
     for family in [a for a in sys.argv[1:] if not a.startswith("--")]:
-        run(family, split, whole=False, compiled=compiled)
+        if not only_whole:
+            run(family, split, whole=False, compiled=compiled)
         run(family, whole, whole=True, compiled=compiled)
     dist.barrier()  # neither rank tears its gloo pairs down while another still uses them
     dist.destroy_process_group()
