@@ -26,6 +26,10 @@ import signal  # noqa: E402
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -33,6 +37,76 @@ import torch  # noqa: E402
 pytest.register_assert_rewrite("download_scripts", "norm_checks")
 
 from launcher import FOUR_WORKER_ARGS, PREEMPT_ARGS, launch, tensorboard_scalars  # noqa: E402
+from machine_lock import machine  # noqa: E402
+
+# ----------------------------------------------------------------------- two lanes (`-n 2`)
+# CI runs the suite in two pytest-xdist workers (`-n 2 --dist loadgroup`) as two lanes:
+# * the process lane: every test that starts several training processes (the warm pools, torchrun,
+#   the launchers, Slurm) in one group, so on one worker, one test at a time, in file order;
+# * the in-process lane: the rest (the unit tier, scripts and launches of one process), spread
+#   over both workers, so that one core runs them while the process lane leaves it idle.
+# Two multi-process tests at a time on 2 cores measured 61% slower each (`--dist loadfile`,
+# docs/getting_started.md): the lanes never run two of them at once. Tests marked `exclusive`
+# (timing, CPU load, fixed ports) run with the machine to themselves: the other worker finishes
+# its test and waits (tests/helpers/machine_lock.py).
+_ONE_PROCESS_E2E = {  # e2e files whose tests start at most one training or script process
+    "test_benchmarks.py",
+    "test_config.py",
+    "test_data_errors.py",
+    "test_dataloader_throughput.py",
+    "test_estimate_memory.py",
+    "test_hf_assets.py",
+    "test_hf_format.py",
+    "test_loss_compare.py",
+    "test_mla_benchmark.py",
+    "test_tokenizer.py",
+    "test_upstream_configs.py",
+}
+_EXCLUSIVE = {  # file -> why it runs alone
+    "tests/e2e/test_stragglers.py": "a CPU hog pinned beside one rank; other load makes stragglers",
+    "tests/e2e/test_resilience.py": "a collective timeout and the hang watchdog, timed",
+    "tests/unit/resilience/test_stragglers.py": "step times and CPU shares are measured",
+    "tests/unit/resilience/test_watchdog.py": "sub-second timeouts of the watchdog's thread",
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if path.startswith("tests/ops/") or path in _EXCLUSIVE:  # ops: ports, netns, Slurm
+            item.add_marker(pytest.mark.exclusive)
+        in_process = path.startswith("tests/unit/") or (
+            path.startswith("tests/e2e/") and os.path.basename(path) in _ONE_PROCESS_E2E
+        )
+        if not in_process or "pools" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("processes"))
+
+
+_LOCKS = "TORCHTITAN_TEST_LOCKS"  # the lock files' folder, made by the xdist controller
+
+
+def pytest_configure(config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("numprocesses", None):
+        os.environ[_LOCKS] = tempfile.mkdtemp(prefix="torchtitan-tests-")  # workers inherit it
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)  # two workers on two cores: one intra-op thread each
+
+
+def pytest_unconfigure(config) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER") and _LOCKS in os.environ:
+        shutil.rmtree(os.environ.pop(_LOCKS), ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, each test (its fixtures' setup and teardown included) holds the machine
+    shared, or alone where it is marked ``exclusive``."""
+    folder = os.environ.get(_LOCKS) if os.environ.get("PYTEST_XDIST_WORKER") else None
+    if folder is None:
+        yield
+        return
+    with machine(Path(folder), alone=item.get_closest_marker("exclusive") is not None):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
