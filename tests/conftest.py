@@ -40,28 +40,10 @@ from launcher import FOUR_WORKER_ARGS, PREEMPT_ARGS, launch, tensorboard_scalars
 from machine_lock import machine  # noqa: E402
 
 # ----------------------------------------------------------------------- two lanes (`-n 2`)
-# CI runs the suite in two pytest-xdist workers (`-n 2 --dist loadgroup`) as two lanes:
-# * the process lane: every test that starts several training processes (the warm pools, torchrun,
-#   the launchers, Slurm) in one group, so on one worker, one test at a time, in file order;
-# * the in-process lane: the rest (the unit tier, scripts and launches of one process), spread
-#   over both workers, so that one core runs them while the process lane leaves it idle.
-# Two multi-process tests at a time on 2 cores measured 61% slower each (`--dist loadfile`,
-# docs/getting_started.md): the lanes never run two of them at once. Tests marked `exclusive`
-# (timing, CPU load, fixed ports) run with the machine to themselves: the other worker finishes
-# its test and waits (tests/helpers/machine_lock.py).
-_ONE_PROCESS_E2E = {  # e2e files whose tests start at most one training or script process
-    "test_benchmarks.py",
-    "test_config.py",
-    "test_data_errors.py",
-    "test_dataloader_throughput.py",
-    "test_estimate_memory.py",
-    "test_hf_assets.py",
-    "test_hf_format.py",
-    "test_loss_compare.py",
-    "test_mla_benchmark.py",
-    "test_tokenizer.py",
-    "test_upstream_configs.py",
-}
+# CI runs the suite in two pytest-xdist workers as two lanes (tests/helpers/lanes.py): the tests
+# that start several processes on one worker one at a time, the others beside them. Tests marked
+# `exclusive` (timing, CPU load, fixed ports) run with the machine to themselves: the other worker
+# finishes its test and waits (tests/helpers/machine_lock.py).
 _EXCLUSIVE = {  # file -> why it runs alone
     "tests/e2e/test_stragglers.py": "a CPU hog pinned beside one rank; other load makes stragglers",
     "tests/e2e/test_resilience.py": "a collective timeout and the hang watchdog, timed",
@@ -70,16 +52,18 @@ _EXCLUSIVE = {  # file -> why it runs alone
 }
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from lanes import LaneScheduling
+
+    return LaneScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         path = item.nodeid.split("::")[0]
         if path.startswith("tests/ops/") or path in _EXCLUSIVE:  # ops: ports, netns, Slurm
             item.add_marker(pytest.mark.exclusive)
-        in_process = path.startswith("tests/unit/") or (
-            path.startswith("tests/e2e/") and os.path.basename(path) in _ONE_PROCESS_E2E
-        )
-        if not in_process or "pools" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("processes"))
 
 
 _LOCKS = "TORCHTITAN_TEST_LOCKS"  # the lock files' folder, made by the xdist controller
