@@ -67,17 +67,18 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 _LOCKS = "TORCHTITAN_TEST_LOCKS"  # the lock files' folder, made by the xdist controller
+_WORKER = "PYTEST_XDIST_WORKER" in os.environ  # this process is one of xdist's workers
 
 
 def pytest_configure(config) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER") and config.getoption("numprocesses", None):
-        os.environ[_LOCKS] = tempfile.mkdtemp(prefix="torchtitan-tests-")  # workers inherit it
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if _WORKER:
         torch.set_num_threads(1)  # two workers on two cores: one intra-op thread each
+    elif config.getoption("numprocesses", None):
+        os.environ[_LOCKS] = tempfile.mkdtemp(prefix="torchtitan-tests-")  # workers inherit it
 
 
 def pytest_unconfigure(config) -> None:
-    if not os.environ.get("PYTEST_XDIST_WORKER") and _LOCKS in os.environ:
+    if not _WORKER and _LOCKS in os.environ:
         shutil.rmtree(os.environ.pop(_LOCKS), ignore_errors=True)
 
 
@@ -85,7 +86,7 @@ def pytest_unconfigure(config) -> None:
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, each test (its fixtures' setup and teardown included) holds the machine
     shared, or alone where it is marked ``exclusive``."""
-    folder = os.environ.get(_LOCKS) if os.environ.get("PYTEST_XDIST_WORKER") else None
+    folder = os.environ.get(_LOCKS) if _WORKER else None
     if folder is None:
         yield
         return

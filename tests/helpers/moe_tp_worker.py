@@ -13,9 +13,9 @@ way of holding the experts:
 
 With ``--compiled-blocks`` each block is also compiled as ``compile.enable`` does (``fullgraph``
 unless the all-to-alls break the graph), with inductor, or with ``--compiled-blocks=aot_eager``
-with that backend (``compile.backend``); ``--whole-only`` runs the ``whole`` layout alone. Rank 0 prints, for each, the largest error of the logits
-and of any gradient relative to the reference (per tensor, over its largest magnitude), and the
-parameter with the largest gradient error::
+with that backend (``compile.backend``); ``--whole-only`` runs the ``whole`` layout alone. Rank 0
+prints, for each, the largest error of the logits and of any gradient relative to the reference
+(per tensor, over its largest magnitude), and the parameter with the largest gradient error::
 
     RESULT <family> <split|whole> <logits err> <grad err> <worst parameter>
 """
