@@ -52,6 +52,10 @@ def _worker(
     os.environ.update(LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0")
     import torch.distributed as dist
 
+    from torchtitan.distributed.utils import per_rank_compile_cache
+
+    per_rank_compile_cache()  # as train.py's init_distributed does
+
     dist.init_process_group(
         "gloo",
         init_method=f"file://{init_file}",

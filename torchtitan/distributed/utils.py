@@ -71,23 +71,28 @@ def init_distributed(device: torch.device, comm: Any = None, dump_folder: str = 
 
 
 def per_rank_compile_cache() -> None:
-    """Point torch.compile's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) at a folder of this
-    rank's own, ``rank_<RANK>`` inside the one set or the default.
+    """Key torch.compile's on-disk graph caches by rank: ``torch.compiler.config.cache_key_tag``
+    gets ``rank_<RANK>`` (after a tag the user set), so a rank only ever loads graphs it compiled.
 
     torch 2.13's AOTAutograd cache keys a DTensor by its spec (mesh, placements, global shape),
     the same on every rank, while the compiled backward can depend on the rank (which shard of a
-    gradient it keeps; pytorch/pytorch#188390, fixed there for CUDA devices only). With one
-    shared folder a warm run then loads another rank's graph: measured here, a tensor-parallel
+    gradient it keeps; pytorch/pytorch#188390, fixed there for CUDA devices only). With one key
+    for all ranks a warm run then loads another rank's graph: measured here, a tensor-parallel
     MoE block compiled around a graph break gave the second rank another rank's norm gradients
-    (108% off) on the second run, and exact ones with a folder per rank."""
+    (108% off) on the second run. The tag is part of the AOTAutograd and FX graph cache keys but
+    not of a compiled kernel's, which is keyed by its own source: the ranks keep sharing the one
+    cache folder, and the first rank to reach a kernel compiles it for the others (inductor holds
+    a file lock per kernel), where a folder per rank had every rank run the C++ compiler (or
+    Triton) for the same kernels."""
     rank = os.environ.get("RANK")
     if rank is None:
         return
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    import torch.compiler.config as compiler_config
 
-    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
-    if os.path.basename(os.path.normpath(base)) != f"rank_{rank}":  # not twice
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, f"rank_{rank}")
+    own = f"rank_{rank}"
+    tag = compiler_config.cache_key_tag
+    if tag != own and not tag.endswith(f"/{own}"):  # not twice
+        compiler_config.cache_key_tag = f"{tag}/{own}" if tag else own
 
 
 # what a collective's timeout says: gloo's transport, and NCCL's watchdog when it raises (with
