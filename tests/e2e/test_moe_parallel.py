@@ -268,7 +268,7 @@ def test_gradients_under_tensor_parallel_are_the_one_process_gradients(
     Blocks compiled with inductor run twice on one inductor cache folder: the second run loads
     the first's graphs. Whole experts break each graph around the all-to-alls, and torch 2.13
     then gave the second rank the other rank's cached backward (norm gradients 108% off) until
-    each rank got its own cache folder (``per_rank_compile_cache``)."""
+    each rank got its own cache key (``per_rank_compile_cache``; without it, 135% off)."""
     import subprocess
     import sys
 

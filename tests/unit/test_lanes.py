@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import ast
-import re
-
-from lanes import ONE_PROCESS_E2E, ONE_PROCESS_TESTS, PROCESSES, lane
+from lanes import ONE_PROCESS_E2E, PROCESSES, lane
 from repo_paths import ROOT
 
 
@@ -25,22 +22,3 @@ def test_the_in_process_e2e_files_exist_and_use_no_pool():
         text = (ROOT / "tests" / "e2e" / name).read_text()
         for marker in ("pools", "torch.distributed.run", "ngpu=2", "ngpu=4", "NGPU"):
             assert marker not in text, (name, marker)
-
-
-def test_single_tests_of_the_process_files_exist_and_start_one_process():
-    """Each test named in ONE_PROCESS_TESTS is there and asks for no more than one process: a
-    rename would send it back to the process lane unnoticed, and a second rank added since would
-    run beside the process lane's tests."""
-    multi = re.compile(r"ngpu\s*=\s*(?!1\b)|pools\((?!1\))|torch\.distributed\.run|NGPU|nproc")
-    for name, tests in sorted(ONE_PROCESS_TESTS.items()):
-        source = (ROOT / "tests" / "e2e" / name).read_text()
-        functions = {
-            node.name: ast.get_source_segment(source, node)
-            for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.FunctionDef)
-        }
-        for test in tests:
-            assert test in functions, (name, test)
-            found = multi.search(functions[test])
-            assert found is None, (name, test, found and found.group(0))
-            assert lane(f"tests/e2e/{name}::{test}[x]") != PROCESSES
