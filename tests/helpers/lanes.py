@@ -9,8 +9,8 @@ Two multi-process tests at a time on two cores measured 61% slower each (``--dis
 docs/getting_started.md): the lanes never run two of them at once. (xdist's own ``loadgroup``
 does not group under pytest 9.2: it renames ``item._nodeid``, which pytest 9.2 no longer reads.)
 Nor do the process lane's one-process tests join the in-process lane: moving 21 of them (180 s
-run one at a time) there made the layout sweep beside them take 413 s against 197 s
-(2026-11-27, clean clone, edd7c00): four gloo ranks on two cores wait in every collective for
+run one at a time) there made the layout sweep beside them take 413 s against 235 s
+(2026-11-27, clean clones of edd7c00 and 23ce8ce, cold caches): four gloo ranks on two cores wait in every collective for
 whichever rank another process has pushed off its core.
 """
 
