@@ -10,8 +10,8 @@ docs/getting_started.md): the lanes never run two of them at once. (xdist's own 
 does not group under pytest 9.2: it renames ``item._nodeid``, which pytest 9.2 no longer reads.)
 Nor do the process lane's one-process tests join the in-process lane: moving 21 of them (180 s
 run one at a time) there made the layout sweep beside them take 413 s against 235 s
-(2026-11-27, clean clones of edd7c00 and 23ce8ce, cold caches): four gloo ranks on two cores wait in every collective for
-whichever rank another process has pushed off its core.
+(2026-11-27, clean clones of edd7c00 and 23ce8ce, cold caches): four gloo ranks on two cores
+wait in every collective for whichever rank another process has pushed off its core.
 """
 
 from __future__ import annotations
