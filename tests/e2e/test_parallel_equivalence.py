@@ -1,7 +1,7 @@
 """Every parallel layout trains the same model on the same data as one process: the proof.
 
-Each layout runs the debug model for 8 steps through ``./run_llama_train.sh`` (real processes,
-gloo on CPU) with a fixed seed, deterministic mode and a global batch of 8 sequences, and its
+Each layout runs the debug model, cut to 2 blocks, for 8 steps in the warm pool of real gloo
+processes (``train.py``'s ``train()``, the losses of ``./run_llama_train.sh``) with a fixed seed, deterministic mode and a global batch of 8 sequences, and its
 per-step losses (read at full precision from TensorBoard) must match the single-process run's:
 step 1 and every later step within 1e-4 (the issue's bar is 2e-3 after step 1; layouts measure
 under 2e-6). Parameters are initialized from (seed, name) whatever
@@ -17,7 +17,11 @@ import re
 import pytest
 from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, PP2_1F1B, tensorboard_scalars
 
-STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
+# The debug model at 2 blocks (of its 6): a layout shards, splits or recomputes every block
+# alike, and two still give FSDP a next block to prefetch, each pipeline stage a block and
+# ``ac_every_2nd_layer`` one block recomputed beside one kept. Each block adds its collectives to
+# every step: four ranks on two cores trained the 8 steps in 3.5 s against 7.8 s with 6 blocks.
+STEPS, COMMON = EQUIVALENCE_STEPS, [*EQUIVALENCE_ARGS, "--model.n_layers", "2"]
 
 # id -> (processes, extra arguments); local batch sizes keep the global batch at 8 sequences
 LAYOUTS = {
@@ -267,7 +271,8 @@ def baseline(pools, tmp_path_factory) -> dict[int, float]:
     losses, _ = _run(
         pools, tmp_path_factory.mktemp("single"), 1, ["--training.local_batch_size", "4"]
     )
-    assert losses[1] - losses[STEPS] > 0.2, losses  # it trains: the comparison means something
+    # it trains: the comparison means something (8.26 -> 8.11 measured with 2 blocks)
+    assert losses[1] - losses[STEPS] > 0.1, losses
     return losses
 
 
@@ -276,7 +281,7 @@ def block_causal_baseline(pools, tmp_path_factory, baseline) -> dict[int, float]
     """One process as ``baseline``, with block-causal attention and masked document starts."""
     extra = ["--training.local_batch_size", "4", *BLOCK_CAUSAL]
     losses, stdout = _run(pools, tmp_path_factory.mktemp("single_block_causal"), 1, extra)
-    assert losses[1] - losses[STEPS] > 0.2, losses
+    assert losses[1] - losses[STEPS] > 0.1, losses
     # the settings change the numbers: the suite is not the causal one again
     assert max(abs(losses[s] - baseline[s]) for s in losses) > 1e-3, (losses, baseline)
     return losses
@@ -342,7 +347,7 @@ def muon_baseline(pools, tmp_path_factory, baseline) -> dict[int, float]:
     lr, muon_lr = (tensorboard_scalars(folder / "out", tag) for tag in ("lr", "lr/muon"))
     assert lr[1] < lr[2] and all(muon_lr[s] == pytest.approx(25 * lr[s]) for s in lr), (lr, muon_lr)
     assert f"muon lr: {muon_lr[1]:.4e}" in stdout, stdout[-3000:]
-    assert losses[1] - losses[STEPS] > 0.1, losses  # it trains (8.27 -> 8.07 measured)
+    assert losses[1] - losses[STEPS] > 0.1, losses  # it trains
     assert max(abs(losses[s] - baseline[s]) for s in losses) > 1e-3, (losses, baseline)
     return losses
 
