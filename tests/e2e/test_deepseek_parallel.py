@@ -27,6 +27,7 @@ from launcher import (
     COMPILE_AOT_EAGER,
     EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
+    LAYOUT_SUITE_BLOCKS,
     PP2_1F1B,
     expert_parallel,
     local_batch,
@@ -35,7 +36,7 @@ from launcher import (
 )
 from repo_paths import ROOT
 
-STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
+STEPS, COMMON = EQUIVALENCE_STEPS, [*EQUIVALENCE_ARGS, *LAYOUT_SUITE_BLOCKS]
 CONFIG = str(ROOT / "train_configs" / "deepseek_v3_debug.toml")
 BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal"]
 NO_MTP = ["--model.num_mtp_layers", "0"]  # tensor parallel refuses multi-token prediction

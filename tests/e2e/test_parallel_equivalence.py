@@ -15,13 +15,15 @@ from __future__ import annotations
 import re
 
 import pytest
-from launcher import EQUIVALENCE_ARGS, EQUIVALENCE_STEPS, PP2_1F1B, tensorboard_scalars
+from launcher import (
+    EQUIVALENCE_ARGS,
+    EQUIVALENCE_STEPS,
+    LAYOUT_SUITE_BLOCKS,
+    PP2_1F1B,
+    tensorboard_scalars,
+)
 
-# The debug model at 2 blocks (of its 6): a layout shards, splits or recomputes every block
-# alike, and two still give FSDP a next block to prefetch, each pipeline stage a block and
-# ``ac_every_2nd_layer`` one block recomputed beside one kept. Each block adds its collectives to
-# every step: four ranks on two cores trained the 8 steps in 3.5 s against 7.8 s with 6 blocks.
-STEPS, COMMON = EQUIVALENCE_STEPS, [*EQUIVALENCE_ARGS, "--model.n_layers", "2"]
+STEPS, COMMON = EQUIVALENCE_STEPS, [*EQUIVALENCE_ARGS, *LAYOUT_SUITE_BLOCKS]
 
 # id -> (processes, extra arguments); local batch sizes keep the global batch at 8 sequences
 LAYOUTS = {

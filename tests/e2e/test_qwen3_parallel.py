@@ -24,6 +24,7 @@ import pytest
 from launcher import (
     EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
+    LAYOUT_SUITE_BLOCKS,
     PP2_1F1B,
     pooled,
     tensorboard_scalars,
@@ -31,7 +32,7 @@ from launcher import (
 )
 from repo_paths import HELPERS, ROOT
 
-STEPS, COMMON = EQUIVALENCE_STEPS, EQUIVALENCE_ARGS
+STEPS, COMMON = EQUIVALENCE_STEPS, [*EQUIVALENCE_ARGS, *LAYOUT_SUITE_BLOCKS]
 
 # id -> (processes, extra arguments); local batch sizes keep the global batch at 8 sequences
 UNTIED = ["--model.flavor", "debugmodel_untied"]
@@ -81,8 +82,8 @@ def baselines(pools, tmp_path_factory):
         if key not in cache:
             tmp = tmp_path_factory.mktemp("single")
             losses = _run(pools, tmp, 1, [*flavor_args, "--training.local_batch_size", "4"])
-            # it trains: the comparison means something
-            assert losses[1] - losses[STEPS] > 0.2, losses
+            # it trains: the comparison means something (untied, 2 blocks: 8.26 -> 8.10)
+            assert losses[1] - losses[STEPS] > 0.1, losses
             cache[key] = losses
         return cache[key]
 
