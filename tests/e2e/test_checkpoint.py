@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from launcher import (
+    LAYOUT_SUITE_BLOCKS,
     cache_env,
     launch,
     pooled,
@@ -45,6 +46,7 @@ COMMON = [
     # parameter groups with their own learning rate: a resume keeps them (keyed by name)
     "--optimizer.param_groups",
     '[{"match": "layers.*.feed_forward.*", "lr_multiplier": 2}]',
+    *LAYOUT_SUITE_BLOCKS,
 ]
 ONE_PROCESS = ["--training.local_batch_size", "8"]
 
@@ -429,7 +431,8 @@ def test_ranks_agree_on_falling_back_past_a_checkpoint_one_stage_cannot_load(
     metadata = _folder(tmp_path) / "step-10" / ".metadata"
     with open(metadata, "rb") as f:
         meta = pickle.load(f)  # our own file, just written
-    last = [k for k in meta.state_dict_metadata if k.startswith("model.layers.5.")]
+    block = int(LAYOUT_SUITE_BLOCKS[-1]) - 1  # the last stage's last block
+    last = [k for k in meta.state_dict_metadata if k.startswith(f"model.layers.{block}.")]
     assert last
     for k in last:
         del meta.state_dict_metadata[k]

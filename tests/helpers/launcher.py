@@ -86,8 +86,8 @@ EQUIVALENCE_ARGS = [
     "--optimizer.param_groups",
     '[{"match": "layers.*.attention*", "lr_multiplier": 0.5}]',
 ]
-# The layout suites train their family's debug model cut to 2 blocks: a layout shards, splits or
-# recomputes every block alike, and two still give FSDP a next block to prefetch, each pipeline
+# The layout and checkpoint suites train their family's debug model cut to 2 blocks: a layout
+# shards, splits, recomputes or saves every block alike, and two still give FSDP a next block to prefetch, each pipeline
 # stage a block and selective checkpointing one block recomputed beside one kept. Each block adds
 # its collectives to every step: four ranks on two cores trained the 8 steps of FSDP2 x TP2 in
 # 3.5 s against 7.8 s with the dense model's 6. The layout sweep trains the 4-block models.
