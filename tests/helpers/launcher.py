@@ -87,10 +87,11 @@ EQUIVALENCE_ARGS = [
     '[{"match": "layers.*.attention*", "lr_multiplier": 0.5}]',
 ]
 # The layout and checkpoint suites train their family's debug model cut to 2 blocks: a layout
-# shards, splits, recomputes or saves every block alike, and two still give FSDP a next block to prefetch, each pipeline
-# stage a block and selective checkpointing one block recomputed beside one kept. Each block adds
-# its collectives to every step: four ranks on two cores trained the 8 steps of FSDP2 x TP2 in
-# 3.5 s against 7.8 s with the dense model's 6. The layout sweep trains the 4-block models.
+# shards, splits, recomputes or saves every block alike, and two still give FSDP a next block to
+# prefetch, each pipeline stage a block and selective checkpointing one block recomputed beside
+# one kept. Each block adds its collectives to every step: four ranks on two cores trained the 8
+# steps of FSDP2 x TP2 in 3.5 s against 7.8 s with the dense model's 6. The layout sweep trains
+# the 4-block models.
 LAYOUT_SUITE_BLOCKS = ["--model.n_layers", "2"]
 STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
