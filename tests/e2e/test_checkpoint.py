@@ -13,6 +13,7 @@ import pytest
 import torch
 from launcher import (
     LAYOUT_SUITE_BLOCKS,
+    LAYOUT_SUITE_N_BLOCKS,
     cache_env,
     launch,
     pooled,
@@ -431,7 +432,7 @@ def test_ranks_agree_on_falling_back_past_a_checkpoint_one_stage_cannot_load(
     metadata = _folder(tmp_path) / "step-10" / ".metadata"
     with open(metadata, "rb") as f:
         meta = pickle.load(f)  # our own file, just written
-    block = int(LAYOUT_SUITE_BLOCKS[-1]) - 1  # the last stage's last block
+    block = LAYOUT_SUITE_N_BLOCKS - 1  # the last stage's last block
     last = [k for k in meta.state_dict_metadata if k.startswith(f"model.layers.{block}.")]
     assert last
     for k in last:

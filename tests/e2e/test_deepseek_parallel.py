@@ -25,9 +25,8 @@ import shutil
 import pytest
 from launcher import (
     COMPILE_AOT_EAGER,
-    EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
-    LAYOUT_SUITE_BLOCKS,
+    LAYOUT_SUITE_ARGS,
     PP2_1F1B,
     expert_parallel,
     local_batch,
@@ -36,7 +35,7 @@ from launcher import (
 )
 from repo_paths import ROOT
 
-STEPS, COMMON = EQUIVALENCE_STEPS, [*EQUIVALENCE_ARGS, *LAYOUT_SUITE_BLOCKS]
+STEPS, COMMON = EQUIVALENCE_STEPS, LAYOUT_SUITE_ARGS
 CONFIG = str(ROOT / "train_configs" / "deepseek_v3_debug.toml")
 BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal"]
 NO_MTP = ["--model.num_mtp_layers", "0"]  # tensor parallel refuses multi-token prediction

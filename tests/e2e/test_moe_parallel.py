@@ -31,9 +31,8 @@ from pathlib import Path
 import pytest
 from launcher import (
     COMPILE_AOT_EAGER,
-    EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
-    LAYOUT_SUITE_BLOCKS,
+    LAYOUT_SUITE_ARGS,
     PP2_1F1B,
     expert_parallel,
     local_batch,
@@ -42,7 +41,7 @@ from launcher import (
 )
 from repo_paths import ROOT
 
-STEPS, COMMON = EQUIVALENCE_STEPS, [*EQUIVALENCE_ARGS, *LAYOUT_SUITE_BLOCKS]
+STEPS, COMMON = EQUIVALENCE_STEPS, LAYOUT_SUITE_ARGS
 CONFIGS = {"llama4": "llama4_debug.toml", "qwen3_moe": "qwen3_moe_debug.toml"}
 GRAD_NORMS: dict[str, dict[int, float]] = {}  # run folder -> {step: gradient norm}
 

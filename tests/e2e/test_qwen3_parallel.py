@@ -22,9 +22,8 @@ import sys
 
 import pytest
 from launcher import (
-    EQUIVALENCE_ARGS,
     EQUIVALENCE_STEPS,
-    LAYOUT_SUITE_BLOCKS,
+    LAYOUT_SUITE_ARGS,
     PP2_1F1B,
     pooled,
     tensorboard_scalars,
@@ -32,7 +31,7 @@ from launcher import (
 )
 from repo_paths import HELPERS, ROOT
 
-STEPS, COMMON = EQUIVALENCE_STEPS, [*EQUIVALENCE_ARGS, *LAYOUT_SUITE_BLOCKS]
+STEPS, COMMON = EQUIVALENCE_STEPS, LAYOUT_SUITE_ARGS
 
 # id -> (processes, extra arguments); local batch sizes keep the global batch at 8 sequences
 UNTIED = ["--model.flavor", "debugmodel_untied"]

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launcher import kill_all, last_logged_step, train_env, worker_pids
+from launcher import kill_all, last_logged_step, running, train_env, worker_pids
 from repo_paths import ROOT
 
 ARGS = [
@@ -30,14 +30,6 @@ ARGS = [
     "--checkpoint.enable",
     "false",
 ]
-
-
-def _running(pid: int) -> bool:
-    """The process exists and has not exited (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.slow
@@ -77,7 +69,7 @@ def test_a_stopped_rank_leaves_stacks_and_a_timeout(tmp_path):
         stopped_at, stopped_after = time.time(), last_logged_step(out / "logs" / "rank_0.log")
         # rank 0 ends itself; torchrun then gives the stopped rank 30 s (its fixed close timeout)
         # to take a SIGTERM it cannot take before it kills it: the test kills it at once
-        while _running(ranks[0]) and time.time() < stopped_at + timeout_s + 90:
+        while running(ranks[0]) and time.time() < stopped_at + timeout_s + 90:
             time.sleep(0.2)
         took = time.time() - stopped_at
         os.kill(ranks[1], signal.SIGKILL)

@@ -92,7 +92,10 @@ EQUIVALENCE_ARGS = [
 # one kept. Each block adds its collectives to every step: four ranks on two cores trained the 8
 # steps of FSDP2 x TP2 in 3.5 s against 7.8 s with the dense model's 6. The layout sweep trains
 # the 4-block models.
-LAYOUT_SUITE_BLOCKS = ["--model.n_layers", "2"]
+LAYOUT_SUITE_N_BLOCKS = 2
+LAYOUT_SUITE_BLOCKS = ["--model.n_layers", str(LAYOUT_SUITE_N_BLOCKS)]
+# the layout suites' common arguments: the equivalence settings on the 2-block models
+LAYOUT_SUITE_ARGS = [*EQUIVALENCE_ARGS, *LAYOUT_SUITE_BLOCKS]
 STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
 
@@ -141,6 +144,14 @@ def kill_all(procs: list[subprocess.Popen], pids: Iterable[int] = ()) -> None:
             pass
     for proc in procs:
         proc.wait(timeout=60)
+
+
+def running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def worker_pids(marker: str) -> dict[int, int]:

@@ -23,6 +23,7 @@ from launcher import (
     FOUR_WORKER_ARGS,
     PREEMPT_ARGS,
     STEP_RE,
+    running,
     tensorboard_scalars,
     tensorboard_scalars_all_runs,
     train_env,
@@ -109,16 +110,8 @@ def _stop(pid_files: list[Path]) -> None:
             except ProcessLookupError:
                 pass
         deadline = time.time() + 10
-        while time.time() < deadline and any(_alive(p) for p in pids):
+        while time.time() < deadline and any(running(p) for p in pids):
             time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
