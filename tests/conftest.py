@@ -85,12 +85,16 @@ def pytest_unconfigure(config) -> None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, each test (its fixtures' setup and teardown included) holds the machine
-    shared, or alone where it is marked ``exclusive``."""
+    shared, or alone where it is marked ``exclusive``; a test of the in-process lane runs at
+    idle priority (:func:`lanes.cpu_priority`)."""
     folder = os.environ.get(_LOCKS) if _WORKER else None
     if folder is None:
         yield
         return
-    with machine(Path(folder), alone=item.get_closest_marker("exclusive") is not None):
+    from lanes import cpu_priority
+
+    alone = item.get_closest_marker("exclusive") is not None
+    with machine(Path(folder), alone=alone), cpu_priority(item.nodeid, alone):
         yield
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from lanes import ONE_PROCESS_E2E, PROCESSES, lane
+import ast
+
+from lanes import ONE_PROCESS_E2E, ONE_PROCESS_TESTS, PROCESSES, lane
 from repo_paths import ROOT
+
+_MULTI = ("pools", "torch.distributed.run", "ngpu", "NGPU", "run_llama_train")
 
 
 def test_multi_process_tests_share_one_scope_and_the_rest_stand_alone():
@@ -12,6 +16,11 @@ def test_multi_process_tests_share_one_scope_and_the_rest_stand_alone():
     assert lane("tests/e2e/test_config.py::test_z") == "tests/e2e/test_config.py::test_z"
     assert (
         lane("tests/unit/data/test_mixture.py::test_w") == "tests/unit/data/test_mixture.py::test_w"
+    )
+    one = "tests/e2e/test_norms.py::test_compiled_matches_eager[torch.float32]"
+    assert lane(one) == one
+    assert lane("tests/e2e/test_norms.py::test_fused_and_compiled_under_tensor_parallel") == (
+        PROCESSES
     )
 
 
@@ -22,3 +31,19 @@ def test_the_in_process_e2e_files_exist_and_use_no_pool():
         text = (ROOT / "tests" / "e2e" / name).read_text()
         for marker in ("pools", "torch.distributed.run", "ngpu=2", "ngpu=4", "NGPU"):
             assert marker not in text, (name, marker)
+
+
+def test_the_one_process_tests_exist_and_start_no_processes_of_their_own():
+    """Each named test function is in its file and starts no pool, torchrun or launcher."""
+    for entry in sorted(ONE_PROCESS_TESTS):
+        path, name = entry.split("::")
+        source = (ROOT / path).read_text()
+        found = [
+            node
+            for node in ast.parse(source).body
+            if isinstance(node, ast.FunctionDef) and node.name == name
+        ]
+        assert len(found) == 1, entry
+        body = ast.get_source_segment(source, found[0])
+        for marker in _MULTI:
+            assert marker not in body, (entry, marker)
