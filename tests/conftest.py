@@ -41,9 +41,10 @@ from machine_lock import machine  # noqa: E402
 
 # ----------------------------------------------------------------------- two lanes (`-n 2`)
 # CI runs the suite in two pytest-xdist workers as two lanes (tests/helpers/lanes.py): the tests
-# that start several processes on one worker one at a time, the others beside them. Tests marked
-# `exclusive` (timing, CPU load, fixed ports) run with the machine to themselves: the other worker
-# finishes its test and waits (tests/helpers/machine_lock.py).
+# that start several processes on one worker one at a time, the others beside them on the idle
+# cycles (SCHED_IDLE). Tests marked `exclusive` (timing, CPU load, fixed ports) run with the
+# machine to themselves: the other worker finishes its test and waits
+# (tests/helpers/machine_lock.py).
 _EXCLUSIVE = {  # file -> why it runs alone
     "tests/e2e/test_stragglers.py": "a CPU hog pinned beside one rank; other load makes stragglers",
     "tests/e2e/test_resilience.py": "a collective timeout and the hang watchdog, timed",

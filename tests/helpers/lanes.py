@@ -1,25 +1,24 @@
 """The two lanes of a ``pytest -n 2`` run (pytest-xdist): which worker runs which test.
 
-* the process lane: every test that starts several training processes (the warm pools, torchrun,
-  the launchers, Slurm), all in one scope, so on one worker, one test at a time, in file order;
-* the in-process lane: the rest (the unit tier, scripts and launches of one process), each test a
-  scope of its own, so the other worker runs them while the process lane leaves a core idle.
+* the process lane: every test that starts four ranks, a pool, or processes it times or signals
+  (the layout suites, torchrun, the launchers, Slurm), all in one scope, so on one worker, one
+  test at a time, in file order, at the normal CPU priority;
+* the in-process lane: the rest (the unit tier, scripts and launches of one process, and the
+  two-rank checks named in ``BESIDE_TESTS``), each test a scope of its own, on the other worker
+  at ``SCHED_IDLE`` (:func:`cpu_priority`): on the cycles the process lane leaves idle only.
 
-Two multi-process tests at a time on two cores measured 61% slower each (``--dist loadfile``,
-docs/getting_started.md): the lanes never run two of them at once. (xdist's own ``loadgroup``
-does not group under pytest 9.2: it renames ``item._nodeid``, which pytest 9.2 no longer reads.)
-Nor do the process lane's one-process tests join the in-process lane: moving 21 of them (180 s
-run one at a time) there made the layout sweep beside them take 413 s against 235 s
-(2026-11-27, clean clones of edd7c00 and 23ce8ce, cold caches): four gloo ranks on two cores
-wait in every collective for whichever rank another process has pushed off its core.
-
-Yet four gloo ranks on two cores leave about a third of the machine idle (3 ranks waiting in a
-collective for the fourth), and running the in-process lane first instead, the process lane
-alone after it, was slower: pytest 1925 s against 1807 s (2026-11-28, clean clones of 08073fb).
-So the in-process lane runs beside the process lane at ``SCHED_IDLE`` (:func:`cpu_priority`): on
-the idle cycles only, the ranks taking their core back as they wake. The parallel-equivalence
-suite beside the unit tier and the memory estimator's tests (warm caches, ``-n 2``): 123 s at
-idle priority, 192 s at the normal one.
+Four gloo ranks on two cores leave a sixth to a third of the machine idle (three ranks waiting
+in a collective for the fourth), yet anything beside them at the normal priority slows them by
+about its own length: two multi-process tests at a time measured 61% slower each (``--dist
+loadfile``), and 21 one-process tests (180 s alone) beside the layout sweep made it take 413 s
+against 235 s (2026-11-27, clean clones of edd7c00 and 23ce8ce). At idle priority a rank that
+wakes takes its core back at once: the parallel-equivalence suite beside the unit tier and the
+memory estimator's tests (warm caches, ``-n 2``) took 123 s, against 192 s with both lanes at the
+normal priority; in a whole run, the process lane's first 179 tests took 934 s beside the
+in-process lane and 895 s alone. Running the in-process lane first and the process lane after it
+instead was slower: pytest 1925 s against 1807 s (2026-11-28, clean clones of 08073fb).
+(xdist's own ``loadgroup`` does not group under pytest 9.2: it renames ``item._nodeid``, which
+pytest 9.2 no longer reads.)
 """
 
 from __future__ import annotations
@@ -46,15 +45,24 @@ ONE_PROCESS_E2E = frozenset(
 )
 
 
-# tests of the process lane's files that start at most one process and use no pool (without
-# their parameters): one core each, so they run beside the process lane at idle priority
-ONE_PROCESS_TESTS = frozenset(
+# tests of the process lane's files that run in the in-process lane instead (without their
+# parameters): one process, or two ranks (torchrun or the launcher) checking numbers with no
+# clock in their assertions; never a pool (each worker would start its own) or four ranks. At
+# idle priority beside the process lane they are off its critical path.
+BESIDE_TESTS = frozenset(
     {
+        "tests/e2e/test_divergence.py::test_a_non_finite_step_stops_training_and_saves_nothing_after_it",
+        "tests/e2e/test_loss_spike.py::test_spikes_in_a_row_stop_the_run_and_nothing_from_them_is_saved",
+        "tests/e2e/test_metrics_sinks.py::test_wandb_offline_logs_the_same_scalars_and_the_config",
         "tests/e2e/test_moe_parallel.py::test_blocks_compiled_with_inductor_give_eager_gradients",
+        "tests/e2e/test_moe_parallel.py::test_gradients_under_tensor_parallel_are_the_one_process_gradients",
         "tests/e2e/test_norms.py::test_compiled_matches_eager",
         "tests/e2e/test_norms.py::test_fused_rmsnorm_refused_on_cpu",
         "tests/e2e/test_norms.py::test_model_logits_identical_across_norm_types",
         "tests/e2e/test_norms.py::test_benchmark_script_json",
+        "tests/e2e/test_norms.py::test_fused_and_compiled_under_tensor_parallel",
+        "tests/e2e/test_pipeline.py::test_every_schedule_gives_the_unsplit_gradients",
+        "tests/e2e/test_qwen3_parallel.py::test_qk_norm_gradients_under_tensor_parallel",
         "tests/e2e/test_train_e2e.py::test_deterministic_cpu_runs_repeat_bit_for_bit",
         "tests/e2e/test_train_e2e.py::test_print_config_and_unset_seed_is_drawn_and_logged",
         "tests/e2e/test_train_e2e.py::test_llama2_with_sentencepiece_tokenizer_trains",
@@ -70,7 +78,7 @@ def lane(nodeid: str) -> str:
         return nodeid
     if path.startswith("tests/e2e/") and path.rsplit("/", 1)[-1] in ONE_PROCESS_E2E:
         return nodeid
-    if nodeid.split("[")[0] in ONE_PROCESS_TESTS:
+    if nodeid.split("[")[0] in BESIDE_TESTS:
         return nodeid
     return PROCESSES
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ast
 
-from lanes import ONE_PROCESS_E2E, ONE_PROCESS_TESTS, PROCESSES, lane
+from lanes import BESIDE_TESTS, ONE_PROCESS_E2E, PROCESSES, lane
 from repo_paths import ROOT
 
-_MULTI = ("pools", "torch.distributed.run", "ngpu", "NGPU", "run_llama_train")
+# a pool, four ranks, or a clock
+_NOT_BESIDE = ("pools", "ngpu=4", "NGPU", "nproc-per-node=4", "time.", "monotonic", "perf_counter")
 
 
 def test_multi_process_tests_share_one_scope_and_the_rest_stand_alone():
@@ -19,7 +20,7 @@ def test_multi_process_tests_share_one_scope_and_the_rest_stand_alone():
     )
     one = "tests/e2e/test_norms.py::test_compiled_matches_eager[torch.float32]"
     assert lane(one) == one
-    assert lane("tests/e2e/test_norms.py::test_fused_and_compiled_under_tensor_parallel") == (
+    assert lane("tests/e2e/test_moe_parallel.py::test_moe_layout_matches_one_process[ep2]") == (
         PROCESSES
     )
 
@@ -33,9 +34,10 @@ def test_the_in_process_e2e_files_exist_and_use_no_pool():
             assert marker not in text, (name, marker)
 
 
-def test_the_one_process_tests_exist_and_start_no_processes_of_their_own():
-    """Each named test function is in its file and starts no pool, torchrun or launcher."""
-    for entry in sorted(ONE_PROCESS_TESTS):
+def test_the_tests_beside_the_process_lane_exist_and_use_no_pool_four_ranks_or_clock():
+    """Each named test function is in its file, and neither starts a pool or four ranks nor
+    reads the time (at idle priority its steps may wait)."""
+    for entry in sorted(BESIDE_TESTS):
         path, name = entry.split("::")
         source = (ROOT / path).read_text()
         found = [
@@ -45,5 +47,5 @@ def test_the_one_process_tests_exist_and_start_no_processes_of_their_own():
         ]
         assert len(found) == 1, entry
         body = ast.get_source_segment(source, found[0])
-        for marker in _MULTI:
+        for marker in _NOT_BESIDE:
             assert marker not in body, (entry, marker)
