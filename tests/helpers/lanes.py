@@ -97,12 +97,26 @@ def cpu_priority(nodeid: str, alone: bool) -> Iterator[None]:
     the cycles the process lane leaves idle, and a process-lane rank that wakes takes the core
     back at once, so the lockstep ranks are not slowed by it. The process lane's tests, and tests
     that hold the machine alone, keep the normal policy."""
-    idle = lane(nodeid) != PROCESSES and not alone and os.environ.get("TT_IDLE_LANE", "1") == "1"
-    if not idle or not hasattr(os, "SCHED_IDLE"):
+    idle = lane(nodeid) != PROCESSES and not alone
+    if not idle or not _set_policy("SCHED_IDLE"):
         yield
         return
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     try:
         yield
     finally:
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        # without CAP_SYS_NICE (or an RLIMIT_NICE allowing nice 0) there is no way back: the
+        # worker stays idle, which only its last tests could notice (the lanes keep to a worker)
+        _set_policy("SCHED_OTHER")
+
+
+def _set_policy(name: str) -> bool:
+    """This thread's scheduling policy (inherited by the processes it starts); False where the
+    platform or the sandbox does not allow it."""
+    policy = getattr(os, name, None)
+    if policy is None:
+        return False
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError:
+        return False
+    return True
