@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from launcher import train_env
 from repo_paths import DEBUG_TOML, ROOT
 
@@ -75,6 +76,8 @@ def test_a_wrong_text_field_stops_before_the_model_is_built(tmp_path):
     assert "Tokenizer " in out.stdout and "Model llama3" not in out.stdout
 
 
+# timed: alone, at the normal CPU priority (tests/helpers/lanes.py)
+@pytest.mark.exclusive
 def test_the_default_validation_set_without_a_network_fails_in_seconds(tmp_path):
     """HF_HUB_OFFLINE not set, the Hub's address refusing connections: one line naming the key
     and a local alternative, instead of datasets' retries (about 25 s for a refused connection,

@@ -825,6 +825,8 @@ def closed_port():
         yield sock.getsockname()[1]
 
 
+# timed: alone, at the normal CPU priority (tests/helpers/lanes.py)
+@pytest.mark.exclusive
 @pytest.mark.parametrize("offline", [False, True], ids=["unreachable", "HF_HUB_OFFLINE"])
 def test_an_unusable_hub_fails_in_seconds_in_one_line(monkeypatch, closed_port, offline):
     """The default validation set with no network: one line naming the key and a local
@@ -861,6 +863,8 @@ def test_an_unusable_hub_fails_in_seconds_in_one_line(monkeypatch, closed_port, 
     assert huggingface_hub.constants.HF_HUB_OFFLINE is offline  # offline mode was put back
 
 
+# timed: alone, at the normal CPU priority (tests/helpers/lanes.py)
+@pytest.mark.exclusive
 def test_a_hub_that_never_answers_counts_as_unreachable(monkeypatch):
     import huggingface_hub.constants
 
