@@ -488,11 +488,13 @@ def test_resume_refuses_a_checkpoint_with_other_block_counts(pools, tmp_path):
 @pytest.mark.slow
 def test_interval_in_seconds_saves_by_the_clock_on_every_rank_alike(pools, tmp_path):
     """checkpoint.interval_type = "seconds": a save once the interval has passed on any rank's
-    clock, the ranks agreeing (a rank saving alone would hang the collective save)."""
+    clock, the ranks agreeing (a rank saving alone would hang the collective save). 40 steps:
+    with the 2-block model 8 steps took about a second in CI (a run once ended before the
+    clock's first save, 2026-11-28), and alone 20 steps took under one."""
     out = _train(
         pools,
         tmp_path,
-        8,
+        40,
         "--training.local_batch_size",
         "4",
         "--checkpoint.interval_type",
@@ -502,7 +504,8 @@ def test_interval_in_seconds_saves_by_the_clock_on_every_rank_alike(pools, tmp_p
         ngpu=2,
     )
     steps = [c.step for c in scan(str(_folder(tmp_path))) if c.complete]
-    assert steps[-1] == 8 and len(steps) >= 2, (steps, out.stdout[-2000:])
+    print(f"\nsaved by the clock: {steps}")
+    assert steps[-1] == 40 and len(steps) >= 2, (steps, out.stdout[-2000:])
     # an hour's interval: only the last step is saved (and the first, when asked for)
     out = _train(
         pools,
