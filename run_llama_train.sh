@@ -21,6 +21,8 @@
 #   RDZV_ID      rendezvous id shared by the nodes of one job (default: SLURM_JOB_ID, else torchtitan)
 #   PYTHON       Python interpreter (default: the active virtual environment's, else this
 #                checkout's .venv if it has one, else python3)
+#   OMP_NUM_THREADS  intra-op threads per process (default on a machine without GPUs: its cores
+#                divided by NGPU, at least 1; with GPUs torchrun's 1)
 #   DRY_RUN=1    print the resolved launch and torchrun command, and exit
 set -euo pipefail
 
@@ -109,7 +111,7 @@ cmd=("$PYTHON" -m torch.distributed.run "${where[@]}" --nproc-per-node="$NGPU"
      "$here/train.py" --job.config_file "$CONFIG_FILE" "$@")
 show_launch() {
   echo "launch: $launch: nnodes=$nnodes node_rank=$node_rank nproc_per_node=$NGPU world_size=$world_size rendezvous=$rendezvous"
-  echo "+ ${cmd[*]}"
+  echo "+ ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS }${cmd[*]}"
 }
 if [ "${DRY_RUN:-0}" != 0 ]; then
   show_launch

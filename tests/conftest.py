@@ -87,15 +87,20 @@ def pytest_unconfigure(config) -> None:
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, each test (its fixtures' setup and teardown included) holds the machine
     shared, or alone where it is marked ``exclusive``; a test of the in-process lane runs at
-    idle priority (:func:`lanes.cpu_priority`)."""
+    idle priority (:func:`lanes.cpu_priority`), and the processes a test of the other lane starts
+    use one intra-op thread each (:func:`lanes.process_threads`)."""
     folder = os.environ.get(_LOCKS) if _WORKER else None
     if folder is None:
         yield
         return
-    from lanes import cpu_priority
+    from lanes import cpu_priority, process_threads
 
     alone = item.get_closest_marker("exclusive") is not None
-    with machine(Path(folder), alone=alone), cpu_priority(item.nodeid, alone):
+    with (
+        machine(Path(folder), alone=alone),
+        cpu_priority(item.nodeid, alone),
+        process_threads(item.nodeid, alone),
+    ):
         yield
 
 

@@ -109,6 +109,25 @@ def cpu_priority(nodeid: str, alone: bool) -> Iterator[None]:
         _set_policy("SCHED_OTHER")
 
 
+@contextlib.contextmanager
+def process_threads(nodeid: str, alone: bool) -> Iterator[None]:
+    """The processes a test of the process lane starts while the in-process lane runs beside it
+    get one intra-op thread each (``OMP_NUM_THREADS=1``, where the environment does not set it),
+    as the pools' ranks have. ``run_llama_train.sh`` alone gives a CPU worker the cores divided
+    by the processes: two threads for one process here. Beside the idle lane two threads lose
+    their cores at every barrier: the debug run took 128 s beside two ``chrt -i 0`` busy loops,
+    against 56 s with one thread (29 s and 48 s alone; 2026-11-28, this 2-core VM). Tests held
+    ``alone`` keep the launcher's own choice, which tests/ops/test_launching.py checks."""
+    if lane(nodeid) != PROCESSES or alone or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["OMP_NUM_THREADS"]
+
+
 def _set_policy(name: str) -> bool:
     """This thread's scheduling policy (inherited by the processes it starts); False where the
     platform or the sandbox does not allow it."""

@@ -132,6 +132,18 @@ def test_the_launch_is_resolved_from_the_environment(env, resolved, flags):
         assert flag in command, (flag, command)
 
 
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="CPU workers' threads")
+@pytest.mark.parametrize("ngpu", [1, 2, 64])
+def test_cpu_workers_share_the_cores_and_a_thread_count_set_wins(ngpu, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    command = _dry_run(NGPU=str(ngpu)).stdout.splitlines()[1]
+    assert command.startswith(
+        f"+ OMP_NUM_THREADS={max(len(os.sched_getaffinity(0)) // ngpu, 1)} "
+    ), command
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert _dry_run(NGPU=str(ngpu)).stdout.splitlines()[1].startswith("+ OMP_NUM_THREADS=3 ")
+
+
 @pytest.mark.parametrize(
     "env, error",
     [

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
 
-from lanes import BESIDE_TESTS, ONE_PROCESS_E2E, PROCESSES, lane
+from lanes import BESIDE_TESTS, ONE_PROCESS_E2E, PROCESSES, lane, process_threads
 from repo_paths import ROOT
 
 # a pool, four ranks, or a clock
@@ -49,3 +50,17 @@ def test_the_tests_beside_the_process_lane_exist_and_use_no_pool_four_ranks_or_c
         body = ast.get_source_segment(source, found[0])
         for marker in _NOT_BESIDE:
             assert marker not in body, (entry, marker)
+
+
+def test_the_process_lane_starts_one_thread_processes_beside_the_other_lane(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    multi = "tests/e2e/test_checkpoint.py::test_x[a]"
+    with process_threads(multi, alone=False):
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in os.environ
+    for nodeid, alone in ((multi, True), ("tests/unit/test_lanes.py::test_y", False)):
+        with process_threads(nodeid, alone):
+            assert "OMP_NUM_THREADS" not in os.environ
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
+    with process_threads(multi, alone=False):
+        assert os.environ["OMP_NUM_THREADS"] == "3"
