@@ -36,8 +36,8 @@ import torch  # noqa: E402
 # Helpers whose checks are asserts: pytest's detailed assertion messages there as in a test file.
 pytest.register_assert_rewrite("download_scripts", "norm_checks")
 
-from launcher import FOUR_WORKER_ARGS, PREEMPT_ARGS, launch, tensorboard_scalars  # noqa: E402
-from machine_lock import machine  # noqa: E402
+from launcher import FOUR_WORKER_ARGS, PREEMPT_ARGS, pooled, tensorboard_scalars  # noqa: E402
+from machine_lock import Hold  # noqa: E402
 
 # ----------------------------------------------------------------------- two lanes (`-n 2`)
 # CI runs the suite in two pytest-xdist workers as two lanes (tests/helpers/lanes.py): the tests
@@ -50,6 +50,9 @@ _EXCLUSIVE = {  # file -> why it runs alone
     "tests/e2e/test_resilience.py": "a collective timeout and the hang watchdog, timed",
     "tests/unit/resilience/test_stragglers.py": "step times and CPU shares are measured",
     "tests/unit/resilience/test_watchdog.py": "sub-second timeouts of the watchdog's thread",
+    "tests/ops/test_launching.py": "fixed ports, network-namespace hosts, timed signals",
+    "tests/ops/test_slurm.py": "a Slurm cluster's daemons on fixed ports",
+    "tests/ops/test_image_build.py": "a container image build (opt-in)",
 }
 
 
@@ -63,8 +66,18 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         path = item.nodeid.split("::")[0]
-        if path.startswith("tests/ops/") or path in _EXCLUSIVE:  # ops: ports, netns, Slurm
+        if path in _EXCLUSIVE:
             item.add_marker(pytest.mark.exclusive)
+    if _WORKER:
+        from lanes import PROCESSES, lane
+
+        # the process lane's exclusive tests at its end (tests/ops/ is there already): by then
+        # the in-process lane has ended or nearly, and it is not kept waiting in the middle
+        items.sort(
+            key=lambda item: (
+                lane(item.nodeid) == PROCESSES and item.get_closest_marker("exclusive") is not None
+            )
+        )
 
 
 _LOCKS = "TORCHTITAN_TEST_LOCKS"  # the lock files' folder, made by the xdist controller
@@ -79,14 +92,20 @@ def pytest_configure(config) -> None:
 
 
 def pytest_unconfigure(config) -> None:
+    if _HOLD is not None:
+        _HOLD.release()
     if not _WORKER and _LOCKS in os.environ:
         shutil.rmtree(os.environ.pop(_LOCKS), ignore_errors=True)
+
+
+_HOLD: Hold | None = None  # this worker's hold on the machine, test after test
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, each test (its fixtures' setup and teardown included) holds the machine
-    shared, or alone where it is marked ``exclusive``; a test of the in-process lane runs at
+    shared, or alone where it is marked ``exclusive`` (kept alone into the next test when that
+    one is ``exclusive`` too); a test of the in-process lane runs at
     idle priority (:func:`lanes.cpu_priority`), and the processes a test of the other lane starts
     use one intra-op thread each (:func:`lanes.process_threads`)."""
     folder = os.environ.get(_LOCKS) if _WORKER else None
@@ -95,9 +114,12 @@ def pytest_runtest_protocol(item, nextitem):
         return
     from lanes import cpu_priority, process_threads
 
+    global _HOLD
+    _HOLD = _HOLD or Hold(Path(folder))
     alone = item.get_closest_marker("exclusive") is not None
+    next_alone = nextitem is not None and nextitem.get_closest_marker("exclusive") is not None
     with (
-        machine(Path(folder), alone=alone),
+        _HOLD.test(alone, keep_alone=next_alone),
         cpu_priority(item.nodeid, alone),
         process_threads(item.nodeid, alone),
     ):
@@ -115,22 +137,23 @@ def shared_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def one_host_preempt_losses(tmp_path_factory) -> dict[int, float]:
+def one_host_preempt_losses(pools, tmp_path_factory) -> dict[int, float]:
     """Per-step losses of PREEMPT_ARGS as 4 processes on one machine, unbroken: what a preempted
-    and resumed job (on a Slurm cluster, on two network-namespace hosts) must reproduce."""
+    and resumed job (on a Slurm cluster, on two network-namespace hosts) must reproduce. Trained
+    in the warm pool of 4 ranks, whose losses are the launcher's bit for bit
+    (tests/e2e/test_pool.py): a launch of 4 workers would cost a start-up of 5 processes."""
     tmp = tmp_path_factory.mktemp("one_host_preempt")
-    out = launch(tmp, *PREEMPT_ARGS, ngpu=4)
-    assert out.returncode == 0, out.stderr[-3000:]
+    pooled(pools, tmp, *PREEMPT_ARGS, ngpu=4)
     return tensorboard_scalars(tmp / "out")
 
 
 @pytest.fixture(scope="session")
-def one_host_losses(tmp_path_factory) -> dict[int, float]:
+def one_host_losses(pools, tmp_path_factory) -> dict[int, float]:
     """Per-step losses of FOUR_WORKER_ARGS as 4 processes on one machine: what the same job
-    spread over several hosts (network namespaces, a Slurm cluster) must reproduce."""
+    spread over several hosts (network namespaces, a Slurm cluster) must reproduce. In the warm
+    pool, as ``one_host_preempt_losses``."""
     tmp = tmp_path_factory.mktemp("one_host")
-    out = launch(tmp, *FOUR_WORKER_ARGS, ngpu=4)
-    assert out.returncode == 0, out.stderr[-3000:]
+    pooled(pools, tmp, *FOUR_WORKER_ARGS, ngpu=4)
     return tensorboard_scalars(tmp / "out")
 
 
@@ -148,15 +171,21 @@ def one_cpu_thread():
 @pytest.fixture(scope="session")
 def pools(tmp_path_factory):
     """``pools(n)``: the session's warm pool of ``n`` ranks (tests/helpers/pool.py), started at
-    its first case, with the test runs' offline environment and shared caches."""
+    its first case, with the test runs' offline environment and shared caches, and the intra-op
+    threads ``NGPU=n ./run_llama_train.sh`` gives CPU workers (the cores divided by ``n``)."""
     from launcher import train_env
     from pool import WorkerPool
 
     made: dict[int, WorkerPool] = {}
-    env = train_env(tmp_path_factory.mktemp("pools"))
+    folder = tmp_path_factory.mktemp("pools")
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
 
     def get(n: int) -> WorkerPool:
         if n not in made:
+            threads = os.environ.get("OMP_NUM_THREADS") or str(max(cores // n, 1))
+            env = train_env(folder, OMP_NUM_THREADS=threads)
             made[n] = WorkerPool(n, env=env, case_timeout_s=900)
         return made[n]
 

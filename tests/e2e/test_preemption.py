@@ -15,6 +15,7 @@ from launcher import (
     kill_all,
     last_logged_step,
     launch,
+    pooled,
     start,
     tensorboard_scalars,
     tensorboard_scalars_all_runs,
@@ -95,11 +96,11 @@ def _saved_step(output: str, sig: signal.Signals, out: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def unbroken(tmp_path_factory) -> dict[int, float]:
-    """The losses of the 2-process run, start to end."""
+def unbroken(pools, tmp_path_factory) -> dict[int, float]:
+    """The losses of the 2-process run, start to end: in the warm pool of 2 ranks, whose losses
+    are the launcher's bit for bit (tests/e2e/test_pool.py)."""
     tmp = tmp_path_factory.mktemp("unbroken")
-    run = launch(tmp, *ARGS, ngpu=2)
-    assert run.returncode == 0, run.stderr[-3000:]
+    pooled(pools, tmp, *ARGS, ngpu=2)
     return tensorboard_scalars(tmp / "out")
 
 

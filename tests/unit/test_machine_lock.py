@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from machine_lock import machine
+from machine_lock import Hold, machine
 
 WAIT_S = 10  # for what must happen (a thread entering); "must not" is checked after 0.3 s
 
@@ -58,3 +58,43 @@ def test_alone_waits_for_the_sharers_and_a_later_sharer_waits_for_it(tmp_path):
     for t in (first, alone, later):
         t.join()
     assert entered == ["first sharer", "alone", "later sharer"]
+
+
+def test_a_run_of_tests_alone_keeps_the_machine_until_its_last(tmp_path):
+    """A worker's test alone whose next test is alone too keeps the machine: the other worker's
+    sharer, arriving between them, enters only after the last of the run."""
+    hold = Hold(tmp_path)
+    entered: list[str] = []
+    with hold.test(alone=True, keep_alone=True):
+        pass
+    sharer = Holder(tmp_path, False, entered, "sharer")
+    sharer.start()
+    assert not sharer.inside.wait(0.3), "a sharer entered between two tests alone"
+    with hold.test(alone=True, keep_alone=False):
+        entered.append("second alone")
+    assert sharer.inside.wait(WAIT_S)
+    sharer.leave.set()
+    sharer.join()
+    with hold.test(alone=False):  # the worker's own next test shares again
+        entered.append("shared")
+    assert entered == ["second alone", "sharer", "shared"]
+
+
+def test_a_kept_hold_is_given_up_for_a_shared_test_and_at_the_end(tmp_path):
+    hold = Hold(tmp_path)
+    with hold.test(alone=True, keep_alone=True):
+        pass
+    with hold.test(alone=False):  # the run ended early: shared now, not alone
+        other = Holder(tmp_path, False, [], "other")
+        other.start()
+        assert other.inside.wait(WAIT_S), "the kept hold was not given up"
+        other.leave.set()
+        other.join()
+    with hold.test(alone=True, keep_alone=True):
+        pass
+    hold.release()
+    after = Holder(tmp_path, False, [], "after")
+    after.start()
+    assert after.inside.wait(WAIT_S), "release() did not give the machine up"
+    after.leave.set()
+    after.join()
