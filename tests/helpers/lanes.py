@@ -7,6 +7,10 @@
   two-rank checks named in ``BESIDE_TESTS``), each test a scope of its own, on the other worker
   at ``SCHED_IDLE`` (:func:`cpu_priority`): on the cycles the process lane leaves idle only.
 
+The process lane's processes get one intra-op thread each (:func:`process_threads`). Its tests
+marked ``exclusive`` run at its end (tests/conftest.py sorts them there), when the in-process lane
+has ended or nearly.
+
 Four gloo ranks on two cores leave a sixth to a third of the machine idle (three ranks waiting
 in a collective for the fourth), yet anything beside them at the normal priority slows them by
 about its own length: two multi-process tests at a time measured 61% slower each (``--dist
