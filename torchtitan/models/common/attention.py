@@ -9,6 +9,10 @@
   model turns them into a mask once per forward (:meth:`CausalAttention.mask_for`) and hands it
   to every block.
 
+Two pieces for families that need them (gpt-oss, docs/design/gpt_oss.md): a sliding window
+(:func:`sliding_window_mask`) and a learned sink logit per head in the softmax
+(:func:`sink_attention`).
+
 The block-causal kernel depends on the device, with one set of weights and the same numbers:
 
 * CUDA: FlexAttention (compiled) with a ``BlockMask`` built once per batch; blocks of the score
@@ -50,6 +54,46 @@ def document_block_mask(doc_ids: torch.Tensor, compile_mask: bool | None = None)
     compiled = doc_ids.is_cuda if compile_mask is None else compile_mask
     build = _compiled("create_block_mask") if compiled else create_block_mask
     return build(same_document_causal, batch, None, t, t, device=doc_ids.device)
+
+
+def sliding_window_mask(t: int, window: int, device: torch.device | None = None) -> torch.Tensor:
+    """``[T, T]`` bool: query ``i`` sees key ``j`` when ``i - window < j <= i``, ``window`` keys
+    with itself included (gpt-oss: 128; FlashAttention's inclusive ``(window - 1, 0)``). AND it
+    with :func:`document_mask` for block-causal windows."""
+    pos = torch.arange(t, device=device)
+    back = pos.unsqueeze(1) - pos.unsqueeze(0)  # i - j
+    return (back >= 0) & (back < window)
+
+
+def sink_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Softmax attention with a learned sink logit per query head (gpt-oss): ``sinks [H]`` joins
+    each row's softmax denominator and attends to nothing,
+    ``p_ij = exp(s_ij) / (exp(S_h) + sum_j' exp(s_ij'))`` over the keys ``mask`` allows, with
+    ``s = q . k * scale``; the sink is not scaled. ``q [B, H, T, D]``, ``k, v [B, H_kv, T, D]``
+    (query head ``h`` reads kv head ``h // (H / H_kv)``), ``mask`` a bool mask broadcasting to
+    ``[B, H, T, T]`` (None: causal) -> ``[B, H, T, D]``.
+
+    Computed exactly in the logits' dtype, the ``T x T`` scores materialized: the CPU path. The
+    same numbers are ``o_std * sigmoid(lse - S_h)`` from ordinary attention and its log-sum-exp,
+    the form a fused kernel uses."""
+    batch, heads, t, d = q.shape
+    groups = heads // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if mask is None:
+        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    logits = (q @ k.transpose(-2, -1)) * (d**-0.5 if scale is None else scale)
+    logits = logits.masked_fill(~mask, float("-inf"))
+    sink = sinks.to(logits.dtype).reshape(1, heads, 1, 1).expand(batch, heads, t, 1)
+    probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    return probs.to(v.dtype) @ v
 
 
 @cache
