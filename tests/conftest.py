@@ -71,8 +71,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     if _WORKER:
         from lanes import PROCESSES, lane
 
-        # the process lane's exclusive tests at its end (tests/ops/ is there already): by then
-        # the in-process lane has ended or nearly, and it is not kept waiting in the middle
+        # the process lane's exclusive tests at its end: by then the in-process lane has ended
+        # or nearly, and it is not kept waiting in the middle
         items.sort(
             key=lambda item: (
                 lane(item.nodeid) == PROCESSES and item.get_closest_marker("exclusive") is not None
@@ -173,18 +173,15 @@ def pools(tmp_path_factory):
     """``pools(n)``: the session's warm pool of ``n`` ranks (tests/helpers/pool.py), started at
     its first case, with the test runs' offline environment and shared caches, and the intra-op
     threads ``NGPU=n ./run_llama_train.sh`` gives CPU workers (the cores divided by ``n``)."""
-    from launcher import train_env
+    from launcher import cpu_worker_threads, train_env
     from pool import WorkerPool
 
     made: dict[int, WorkerPool] = {}
     folder = tmp_path_factory.mktemp("pools")
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
 
     def get(n: int) -> WorkerPool:
         if n not in made:
-            threads = os.environ.get("OMP_NUM_THREADS") or str(max(cores // n, 1))
+            threads = os.environ.get("OMP_NUM_THREADS") or str(cpu_worker_threads(n))
             env = train_env(folder, OMP_NUM_THREADS=threads)
             made[n] = WorkerPool(n, env=env, case_timeout_s=900)
         return made[n]

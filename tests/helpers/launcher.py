@@ -174,6 +174,13 @@ def worker_pids(marker: str) -> dict[int, int]:
     return dict(sorted(pids.items()))
 
 
+def cpu_worker_threads(nprocs: int) -> int:
+    """The intra-op threads ``run_llama_train.sh`` gives each of ``nprocs`` CPU workers: the
+    cores this process may use (``nproc``) divided by the workers, at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max((cores or 1) // nprocs, 1)
+
+
 def train_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of a test run: offline, caches under ``tmp_path``, this Python."""
     env = dict(os.environ)

@@ -24,28 +24,23 @@ class Hold:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self._room = None  # the room's file while the machine is kept alone between tests
+        self._room = None  # the room's file, locked, while this worker holds the machine
 
     @contextlib.contextmanager
     def test(self, alone: bool, keep_alone: bool = False) -> Iterator[None]:
         """Hold the machine for one test: shared, or ``alone``; ``keep_alone`` (the next test
         of this worker is alone too): keep it alone after this one."""
-        room = self._room if alone else None
-        if room is None:
+        if not (alone and self._room is not None):
             self.release()
-            room = self._enter(alone)
-        self._room = None
+            self._room = self._enter(alone)
         try:
             yield
         finally:
-            if alone and keep_alone:
-                self._room = room
-            else:
-                fcntl.flock(room, fcntl.LOCK_UN)
-                room.close()
+            if not (alone and keep_alone):
+                self.release()
 
     def release(self) -> None:
-        """Give up a machine kept alone (at the end of the worker's tests)."""
+        """Give up the machine (after a test, or one kept alone at the end of the tests)."""
         if self._room is not None:
             fcntl.flock(self._room, fcntl.LOCK_UN)
             self._room.close()
