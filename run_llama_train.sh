@@ -106,7 +106,8 @@ else
          --rdzv-conf="is_host=$([ "$node_rank" -eq 0 ] && echo 1 || echo 0)")
   rendezvous="c10d at $addr:$port"
 fi
-cmd=("$PYTHON" -m torch.distributed.run "${where[@]}" --nproc-per-node="$NGPU"
+# torchrun, acting on a stop signal once (torchtitan/resilience/torchrun.py says why)
+cmd=("$PYTHON" -m torchtitan.resilience.torchrun "${where[@]}" --nproc-per-node="$NGPU"
      --max-restarts="$MAX_RESTARTS" --local-ranks-filter "$LOG_RANK" --role rank --tee 3
      "$here/train.py" --job.config_file "$CONFIG_FILE" "$@")
 show_launch() {

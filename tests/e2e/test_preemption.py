@@ -44,12 +44,24 @@ ARGS = [
 ]
 
 
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _signal_mid_run(
-    tmp_path: Path, sig: signal.Signals, to_rank: int | None, after: int = 5, times: int = 1
+    tmp_path: Path,
+    sig: signal.Signals,
+    to_rank: int | None,
+    after: int = 5,
+    times: int = 1,
+    whole_job: bool = False,
 ) -> tuple[int, str, list[int]]:
     """Start the 2-process run, send ``sig`` after step ``after`` to the launcher's process
     group (as a terminal's Ctrl-C and a kill of the launcher reach it; ``to_rank`` None) or to
-    that rank's worker alone, ``times`` times 0.2 s apart; (exit code, output, worker pids)."""
+    that rank's worker alone, ``times`` times 0.2 s apart; (exit code, output, worker pids).
+    ``whole_job``: first to torchrun and every worker, as a cluster that signals every process
+    of the job does; 0.05 s later to the launcher, which passes it to torchrun; 0.05 s later to
+    torchrun again (a second signal from the cluster)."""
     out = tmp_path / "out"
     proc = start(tmp_path, *ARGS, ngpu=2)
     pids: list[int] = []
@@ -61,13 +73,21 @@ def _signal_mid_run(
         ranks = worker_pids(str(out))
         pids = list(ranks.values())
         assert sorted(ranks) == [0, 1], ranks
+        torchrun = _parent(ranks[0])
+        if whole_job:
+            for pid in (torchrun, *pids):
+                os.kill(pid, sig)
+            time.sleep(0.05)
         for i in range(times):
             time.sleep(0.2 * (i > 0))
             if to_rank is None:
                 os.killpg(proc.pid, sig)  # start() gave the launcher a session of its own
             else:
                 os.kill(ranks[to_rank], sig)
-        output, _ = proc.communicate(timeout=300)
+        if whole_job:
+            time.sleep(0.05)
+            os.kill(torchrun, sig)
+        output, _ = proc.communicate(timeout=120 if whole_job else 300)
     finally:
         kill_all([proc], pids)
     return proc.returncode, output, pids
@@ -154,3 +174,17 @@ def test_a_signal_to_one_worker_stops_every_rank_after_the_same_step(tmp_path):
     for rank in (0, 1):  # rank 0 got no signal: it learned of rank 1's at a step boundary
         log = (tmp_path / "out" / "logs" / f"rank_{rank}.log").read_text()
         assert f"SIGUSR1 received: saving step {step} before stopping" in log, log[-2000:]
+
+
+@pytest.mark.slow
+def test_a_signal_to_every_process_of_the_job_saves_once_and_ends(tmp_path):
+    """As Slurm sends ``scancel --signal`` and its time-limit signal: torchrun and the workers
+    get it from the cluster, and torchrun again from the launcher and the cluster. torchrun
+    alone raised on each one while it waited for its workers, and after the third it hung at
+    exit (torchtitan/resilience/torchrun.py)."""
+    rc, output, pids = _signal_mid_run(tmp_path, signal.SIGUSR1, to_rank=None, whole_job=True)
+    assert rc == 160, output[-3000:]
+    step = _saved_step(output, signal.SIGUSR1, tmp_path / "out")  # one line, no traceback
+    log = (tmp_path / "out" / "logs" / "rank_0.log").read_text()
+    assert f"SIGUSR1 received: saving step {step} before stopping" in output, log[-2000:]
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "workers left running"

@@ -96,6 +96,8 @@ LAYOUT_SUITE_N_BLOCKS = 2
 LAYOUT_SUITE_BLOCKS = ["--model.n_layers", str(LAYOUT_SUITE_N_BLOCKS)]
 # the layout suites' common arguments: the equivalence settings on the 2-block models
 LAYOUT_SUITE_ARGS = [*EQUIVALENCE_ARGS, *LAYOUT_SUITE_BLOCKS]
+# the launcher's torchrun (torchtitan/resilience/torchrun.py) and torchrun itself, not workers
+TORCHRUN = {"torchtitan.resilience.torchrun", "torch.distributed.run"}
 STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
 
@@ -167,7 +169,7 @@ def worker_pids(marker: str) -> dict[int, int]:
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(a.endswith("train.py") for a in args) and "torch.distributed.run" not in args:
+        if any(a.endswith("train.py") for a in args) and not TORCHRUN.intersection(args):
             if any(marker in a for a in args):
                 rank = next((e[5:] for e in env if e.startswith(b"RANK=")), b"-1")
                 pids[int(rank)] = int(entry.name)

@@ -128,7 +128,7 @@ def test_the_launch_is_resolved_from_the_environment(env, resolved, flags):
     lines = out.stdout.splitlines()
     assert resolved in lines[0], lines
     command = lines[1].split()
-    assert lines[1].startswith("+ ") and "torch.distributed.run" in command
+    assert lines[1].startswith("+ ") and "torchtitan.resilience.torchrun" in command
     for flag in flags:
         assert flag in command, (flag, command)
 
