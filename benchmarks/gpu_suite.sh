@@ -12,6 +12,7 @@
 #   rmsnorm     the three RMSNorm implementations (benchmarks/rmsnorm.py)
 #   model_step  our training step against the shortest hand-written model (benchmarks/model_step.py)
 #   mla         MLA against GQA at equal parameters, and MTP's price per step (benchmarks/mla.py)
+#   sink_window gpt-oss attention (sinks, 128-key window) against causal (benchmarks/sink_window.py)
 # The longer tuning runs (1B/3B/8B throughput, float8) need the Llama 3 tokenizer and are listed in
 # docs/performance.md ("On a GPU: commands to run").
 set -u
@@ -42,6 +43,7 @@ part ceilings "${T_BENCH:-120}" python benchmarks/ceilings.py
 part rmsnorm "${T_BENCH:-120}" python benchmarks/rmsnorm.py --device cuda
 part model_step "${T_BENCH:-120}" python benchmarks/model_step.py --device cuda
 part mla "${T_BENCH:-120}" python benchmarks/mla.py --device cuda --batch 8 --seq 2048
+part sink_window "${T_BENCH:-120}" python benchmarks/sink_window.py --heads 64 --kv-heads 8
 
 echo "== summary ($(date -u +%F), $(python -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null))"
 printf '%s\n' "${summary[@]}"

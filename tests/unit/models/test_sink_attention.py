@@ -10,7 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchtitan.models.common.attention import document_mask, sink_attention, sliding_window_mask
+from torchtitan.models.common.attention import (
+    CausalAttention,
+    document_mask,
+    sink_attention,
+    sliding_window_mask,
+)
 
 B, H, H_KV, T, D = 2, 4, 2, 12, 8
 
@@ -103,3 +108,147 @@ def test_a_window_within_documents_is_the_and_of_both_masks():
     q, k, v = (t[:1, :, :10] for t in (q, k, v))
     ref = _formula(q, k, v, sinks, both[0, 0], D**-0.5)
     torch.testing.assert_close(sink_attention(q, k, v, sinks, both), ref)
+
+
+# ---- the training kernels (torchtitan/models/common/sink_window.py) against the oracle above
+
+T_ODD = 13  # not a multiple of the windows below: the last chunk is partial
+
+
+def _leaves(dtype=torch.float64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(B, H, T_ODD, D), (B, H_KV, T_ODD, D), (B, H_KV, T_ODD, D), (H,)]
+    return [torch.randn(*s, generator=g, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def _allowed(window, documents):
+    causal = torch.ones(T_ODD, T_ODD, dtype=torch.bool).tril()
+    allowed = causal if window is None else causal & sliding_window_mask(T_ODD, window)
+    doc_mask = document_mask(DOCS) if documents else None
+    return (allowed if doc_mask is None else doc_mask & allowed), doc_mask
+
+
+DOCS = torch.tensor([[0] * 6 + [1] * 7, [0] * 2 + [1] * 9 + [2] * 2])
+
+
+@pytest.mark.parametrize("window", [None, 1, 4, 5, 13, 40])
+@pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
+@pytest.mark.parametrize("with_sinks", [True, False], ids=["sinks", "no_sinks"])
+def test_the_fused_kernel_has_the_oracles_values_and_gradients(window, documents, with_sinks):
+    """SDPA with the sink folded in as a key and the window banded into chunks: outputs and the
+    gradients of q, k, v and the sinks equal the written-out scores' (float64)."""
+    q, k, v, sinks = _leaves()
+    allowed, doc_mask = _allowed(window, documents)
+    # no sinks is a sink far below every score (the oracle needs one)
+    oracle_sinks = sinks if with_sinks else torch.full((H,), -1e4, dtype=torch.float64)
+    ref = sink_attention(q, k, v, oracle_sinks, allowed, scale=0.4)
+    got = CausalAttention()(
+        q, k, v, doc_mask, scale=0.4, sinks=sinks if with_sinks else None, window=window
+    )
+    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
+    weights = torch.randn_like(ref)
+    leaves = (q, k, v, sinks) if with_sinks else (q, k, v)
+    want = torch.autograd.grad((ref * weights).sum(), leaves)
+    got_grads = torch.autograd.grad((got * weights).sum(), leaves)
+    for name, g, w in zip("qkvS", got_grads, want, strict=False):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11, msg=name)
+
+
+def test_the_fused_kernel_in_float32_and_bfloat16_stays_near_the_float64_oracle():
+    q, k, v, sinks = _leaves()
+    allowed, doc_mask = _allowed(4, True)
+    ref = sink_attention(q, k, v, sinks, allowed)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        low = [x.detach().to(dtype) for x in (q, k, v, sinks)]
+        got = CausalAttention()(*low[:3], doc_mask, sinks=low[3], window=4)
+        assert got.dtype == dtype
+        assert (got.double() - ref).abs().max() < tol, dtype
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_the_flex_path_rescales_by_the_log_sum_exp_to_the_oracles_numbers(window):
+    """The CUDA path's math (FlexAttention and its log-sum-exp, ``o * sigmoid(lse - S)``), run
+    by torch's unfused reference here (forward only on CPU)."""
+    from torchtitan.models.common.attention import document_block_mask, windowed_block_mask
+    from torchtitan.models.common.sink_window import flex_sink_window
+
+    q, k, v, sinks = (x.detach().float() for x in _leaves())
+    allowed, _ = _allowed(window, True)
+    block_mask = document_block_mask(DOCS, compile_mask=False)
+    if window is not None:
+        block_mask = windowed_block_mask(block_mask, window)
+        assert windowed_block_mask(document_block_mask(DOCS, False), window) is not block_mask
+    got = flex_sink_window(q, k, v, block_mask, sinks, compiled=False)
+    torch.testing.assert_close(got, sink_attention(q, k, v, sinks, allowed), rtol=0, atol=2e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("window", [None, 128])
+@pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
+def test_on_cuda_the_kernels_match_the_cpu_path(window, documents):
+    """CUDA (compiled FlexAttention under a block mask for documents; SDPA banded otherwise)
+    against the CPU path in float64: outputs and every gradient, in float32."""
+    g = torch.Generator().manual_seed(0)
+    b, h, h_kv, t, d = 2, 8, 2, 512, 64
+    leaves = [torch.randn(*s, generator=g) for s in ((b, h, t, d), (b, h_kv, t, d))]
+    leaves = [leaves[0], leaves[1], torch.randn(b, h_kv, t, d, generator=g), torch.randn(h)]
+    doc_ids = torch.tensor([[0] * 200 + [1] * 312, [0] * 512])
+    dout = torch.randn(b, h, t, d, generator=g)
+
+    def run(device, dtype):
+        xs = [x.to(device, dtype).requires_grad_() for x in leaves]
+        kernel = CausalAttention()
+        mask = kernel.mask_for(doc_ids.to(device)) if documents else None
+        out = kernel(*xs[:3], mask, sinks=xs[3], window=window)
+        out.backward(dout.to(device, dtype))
+        return [out.double().cpu()] + [x.grad.double().cpu() for x in xs]
+
+    for got, want in zip(run("cuda", torch.float32), run("cpu", torch.float64), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_yarn_without_truncation_is_transformers_gpt_oss_rope():
+    """gpt-oss's YaRN (``truncate: false``: the ramp from pair 8.09 to 17.40, not 8 to 18) and its
+    attention factor, against ``transformers``' own for the published rope parameters."""
+    pytest.importorskip("transformers")
+    from transformers import GptOssConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from torchtitan.models.common.rope import yarn_inv_freqs, yarn_mscale
+
+    config = GptOssConfig(head_dim=64)
+    assert config.rope_parameters["truncate"] is False
+    theirs, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    ours = yarn_inv_freqs(64, 150000.0, 32.0, 4096, beta_fast=32.0, beta_slow=1.0, truncate=False)
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=1e-6, atol=0)
+    assert yarn_mscale(32.0) == pytest.approx(factor, rel=1e-12)
+    truncated = yarn_inv_freqs(64, 150000.0, 32.0, 4096, beta_fast=32.0, beta_slow=1.0)
+    assert not torch.allclose(truncated.float(), theirs.float(), rtol=1e-3)
+
+
+def test_grouped_query_attention_with_biases_sinks_and_a_window_is_the_written_out_layer():
+    """The attention layer gpt-oss builds from ``GroupedQueryAttention``'s options: biased
+    projections, rotary, the sink and window kernel, the biased output projection."""
+    from torchtitan.models.common import rope
+    from torchtitan.models.common.blocks import GroupedQueryAttention, split_qkv
+
+    torch.manual_seed(0)
+    dim, t = 16, 11
+    layer = GroupedQueryAttention(
+        dim, H, H_KV, D, rope.apply_half_split, bias=True, sinks=True, window=4, scale=0.3
+    ).double()
+    layer.init_weights(0.02)
+    assert layer.sinks.abs().min() > 0 and not layer.wo.bias.any()
+    with torch.no_grad():  # biases that bite
+        layer.wqkv.bias.normal_(), layer.wo.bias.normal_()
+    table = rope.half_split_table(rope.angles(rope.inv_freqs(D, 10000.0), t)).double()
+    x = torch.randn(2, t, dim, dtype=torch.float64)
+    wq, wk, wv = split_qkv(layer.wqkv.weight, H, H_KV)
+    bq, bk, bv = split_qkv(layer.wqkv.bias, H, H_KV)
+    q, k, v = ((x @ w.T + b).unflatten(-1, (-1, D)) for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+    q, k = rope.apply_half_split(q, k, table)
+    mask = sliding_window_mask(t, 4)
+    out = sink_attention(*(z.transpose(1, 2) for z in (q, k, v)), layer.sinks, mask, scale=0.3)
+    want = layer.wo(out.transpose(1, 2).flatten(2))
+    torch.testing.assert_close(layer(x, table), want, rtol=1e-10, atol=1e-12)

@@ -9,9 +9,9 @@
   model turns them into a mask once per forward (:meth:`CausalAttention.mask_for`) and hands it
   to every block.
 
-Two pieces for families that need them (gpt-oss, docs/design/gpt_oss.md): a sliding window
-(:func:`sliding_window_mask`) and a learned sink logit per head in the softmax
-(:func:`sink_attention`).
+A learned sink logit per head in the softmax and a sliding window (gpt-oss,
+docs/design/gpt_oss.md) are :mod:`.sink_window`'s; :class:`CausalAttention` takes both
+(``sinks``, ``window``).
 
 The block-causal kernel depends on the device, with one set of weights and the same numbers:
 
@@ -30,6 +30,24 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from torchtitan.models.common.sink_window import (
+    flex_sink_window,
+    sdpa_sink_window,
+    sink_attention,
+    sliding_window_mask,
+    window_mask_mod,
+)
+
+__all__ = [
+    "ATTN_MASK_TYPES",
+    "CausalAttention",
+    "document_block_mask",
+    "document_mask",
+    "flex_document_attention",
+    "sink_attention",
+    "sliding_window_mask",
+]
 
 ATTN_MASK_TYPES = ("causal", "block_causal")
 
@@ -56,46 +74,6 @@ def document_block_mask(doc_ids: torch.Tensor, compile_mask: bool | None = None)
     return build(same_document_causal, batch, None, t, t, device=doc_ids.device)
 
 
-def sliding_window_mask(t: int, window: int, device: torch.device | None = None) -> torch.Tensor:
-    """``[T, T]`` bool: query ``i`` sees key ``j`` when ``i - window < j <= i``, ``window`` keys
-    with itself included (gpt-oss: 128; FlashAttention's inclusive ``(window - 1, 0)``). AND it
-    with :func:`document_mask` for block-causal windows."""
-    pos = torch.arange(t, device=device)
-    back = pos.unsqueeze(1) - pos.unsqueeze(0)  # i - j
-    return (back >= 0) & (back < window)
-
-
-def sink_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    sinks: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """Softmax attention with a learned sink logit per query head (gpt-oss): ``sinks [H]`` joins
-    each row's softmax denominator and attends to nothing,
-    ``p_ij = exp(s_ij) / (exp(S_h) + sum_j' exp(s_ij'))`` over the keys ``mask`` allows, with
-    ``s = q . k * scale``; the sink is not scaled. ``q [B, H, T, D]``, ``k, v [B, H_kv, T, D]``
-    (query head ``h`` reads kv head ``h // (H / H_kv)``), ``mask`` a bool mask broadcasting to
-    ``[B, H, T, T]`` (None: causal) -> ``[B, H, T, D]``.
-
-    Computed exactly in the logits' dtype, the ``T x T`` scores materialized: the CPU path. The
-    same numbers are ``o_std * sigmoid(lse - S_h)`` from ordinary attention and its log-sum-exp,
-    the form a fused kernel uses."""
-    batch, heads, t, d = q.shape
-    groups = heads // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    if mask is None:
-        mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    logits = (q @ k.transpose(-2, -1)) * (d**-0.5 if scale is None else scale)
-    logits = logits.masked_fill(~mask, float("-inf"))
-    sink = sinks.to(logits.dtype).reshape(1, heads, 1, 1).expand(batch, heads, t, 1)
-    probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
-    return probs.to(v.dtype) @ v
-
-
 @cache
 def _compiled(name: str) -> Any:
     """``torch.compile`` of a FlexAttention function, made once per process."""
@@ -111,13 +89,40 @@ def flex_document_attention(
     block_mask: Any,
     compiled: bool = True,
     scale: float | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> Any:
     """FlexAttention of ``q [B, H, T, D]`` over ``k, v [B, H_kv, T, D]`` under ``block_mask``;
-    ``compiled=False`` runs torch's unfused reference (the CPU check of the mask logic)."""
-    from torch.nn.attention.flex_attention import flex_attention
+    ``compiled=False`` runs torch's unfused reference (the CPU check of the mask logic).
+    ``return_lse``: ``(out, lse [B, H, T])``, the natural log-sum-exp of each row's scores."""
+    from torch.nn.attention import flex_attention as flex
 
-    fn = _compiled("flex_attention") if compiled else flex_attention
-    return fn(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1], scale=scale)
+    fn = _compiled("flex_attention") if compiled else flex.flex_attention
+    kwargs: dict[str, Any] = {"block_mask": block_mask, "enable_gqa": q.shape[1] != k.shape[1]}
+    kwargs["scale"] = scale
+    if not return_lse:
+        return fn(q, k, v, **kwargs)
+    if hasattr(flex, "AuxRequest"):  # torch >= 2.9; return_lse is deprecated there
+        out, aux = fn(q, k, v, **kwargs, return_aux=flex.AuxRequest(lse=True))
+        return out, aux.lse
+    return fn(q, k, v, **kwargs, return_lse=True)
+
+
+def windowed_block_mask(block_mask: Any, window: int) -> Any:
+    """``block_mask`` AND a window of ``window`` keys, made once per block mask (it lives for a
+    forward: every sliding layer of the batch shares it)."""
+    from torch.nn.attention.flex_attention import and_masks, create_block_mask
+
+    made = block_mask.__dict__.setdefault("_torchtitan_windows", {})
+    if window not in made:
+        batch, _, t, s = block_mask.shape
+        mask_mod = and_masks(block_mask.mask_mod, window_mask_mod(window))
+        build = (
+            _compiled("create_block_mask")
+            if block_mask.kv_num_blocks.is_cuda
+            else create_block_mask
+        )
+        made[window] = build(mask_mod, batch, None, t, s, device=block_mask.kv_num_blocks.device)
+    return made[window]
 
 
 class CausalAttention(nn.Module):
@@ -146,9 +151,19 @@ class CausalAttention(nn.Module):
         v: torch.Tensor,
         mask: Any = None,
         scale: float | None = None,
+        sinks: torch.Tensor | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
         """``scale``: the softmax scale, default ``1 / sqrt(D)`` of the queries' ``D``. Values
-        may have a head size of their own (multi-head latent attention)."""
+        may have a head size of their own (multi-head latent attention). ``sinks [H]``: a learned
+        logit per query head in each softmax's denominator; ``window``: each query sees its last
+        ``window`` keys, itself included (:mod:`.sink_window`)."""
+        if sinks is not None or window is not None:
+            if mask is None or isinstance(mask, torch.Tensor):
+                return sdpa_sink_window(q, k, v, sinks, window, mask, scale)
+            if window is not None:
+                mask = windowed_block_mask(mask, window)
+            return flex_sink_window(q, k, v, mask, sinks, scale=scale)
         gqa = q.shape[1] != k.shape[1]
         if mask is None:
             return F.scaled_dot_product_attention(

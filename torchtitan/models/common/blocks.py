@@ -63,7 +63,7 @@ Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor
 
 
 class GroupedQueryAttention(nn.Module):
-    """Causal grouped-query self-attention without biases: one fused projection ``wqkv`` (rows
+    """Causal grouped-query self-attention: one fused projection ``wqkv`` (rows
     as :func:`fuse_qkv` lays them out: one matmul for queries, keys and values), the family's
     rotary embedding ``rotary(xq, xk, rope_cache)``, attention with the kv heads as they are
     (causal, or block-causal under a document ``mask``: see :mod:`.attention`), ``wo``.
@@ -72,17 +72,34 @@ class GroupedQueryAttention(nn.Module):
     projection (``G`` kv heads, position in dim 1) until the rotation makes new tensors. Head
     counts are read from the projected shape, so tensor parallelism may shard ``wqkv``
     column-wise into whole groups (its degree divides ``n_kv_heads``) and ``wo`` row-wise.
+
+    Options (gpt-oss uses all four; the others none): ``bias`` on ``wqkv`` and ``wo``;
+    ``sinks``, a learned logit per query head in each softmax's denominator; ``window``, each
+    query sees its last ``window`` keys (itself included); ``scale``, the softmax scale (default
+    ``1 / sqrt(head_dim)``).
     """
 
     def __init__(
-        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, rotary: Rotary
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        rotary: Rotary,
+        *,
+        bias: bool = False,
+        sinks: bool = False,
+        window: int | None = None,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.n_rep = n_heads // n_kv_heads
         self.rotary = rotary
-        self.wqkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=False)
-        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.wqkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=bias)
+        self.sinks = nn.Parameter(torch.empty(n_heads)) if sinks else None
+        self.window, self.scale = window, scale
         self.sdpa = CausalAttention()
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -97,7 +114,9 @@ class GroupedQueryAttention(nn.Module):
         bsz, seq_len = xq.shape[:2]
         # [B, T, G, r, D] -> [B, T, G * r, D] -> [B, heads, T, D]
         q, k, v = (t.flatten(2, 3).transpose(1, 2) for t in (xq, xk, xv))
-        out = self.sdpa(q, k, v, mask)
+        # only what is set: a kernel swapped in by a parallelism need not know the options
+        options: dict[str, Any] = {"sinks": self.sinks, "window": self.window, "scale": self.scale}
+        out = self.sdpa(q, k, v, mask, **{n: o for n, o in options.items() if o is not None})
         return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
 
     def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, mask: Any = None) -> torch.Tensor:
@@ -106,9 +125,15 @@ class GroupedQueryAttention(nn.Module):
         return self.attend(xq, xk, xv, mask)
 
     def init_weights(self, init_std: float) -> None:
-        """wqkv: truncated normal std 0.02; wo: the given (depth-scaled) std."""
+        """wqkv and the sinks: truncated normal std 0.02; wo: the given (depth-scaled) std;
+        biases zero."""
         trunc_normal_(self.wqkv.weight, std=0.02)
         trunc_normal_(self.wo.weight, std=init_std)
+        for bias in (self.wqkv.bias, self.wo.bias):
+            if bias is not None:
+                nn.init.zeros_(bias)
+        if self.sinks is not None:
+            trunc_normal_(self.sinks, std=0.02)
 
 
 class FeedForward(nn.Module):

@@ -13,7 +13,9 @@ experts every token goes through. Dropless: every expert takes every token route
   each ranked by the sum of its two best biased scores, and a token chooses only among the
   experts of its ``topk_groups`` best groups.
 * **Routed experts** hold their weights stacked: ``w1``/``w3`` ``[E, hidden, dim]`` and ``w2``
-  ``[E, dim, hidden]`` (each expert's slice is an ``nn.Linear`` weight). Tokens are sorted by
+  ``[E, dim, hidden]`` (each expert's slice is an ``nn.Linear`` weight); gpt-oss adds biases
+  ``b1``/``b3 [E, hidden]`` and ``b2 [E, dim]``, a bias on the router's ``gate`` and its clamped
+  activation (``MoEArgs.activation``). Tokens are sorted by
   expert and run through ``torch._grouped_mm`` (one kernel for all experts; float32 on CPU,
   bfloat16 on H100), or a per-expert loop, the reference the tests compare it to.
 * **Load balancing without an auxiliary loss** (DeepSeek-V3, arXiv:2412.19437 section 2.1.2;
@@ -54,10 +56,14 @@ __all__ = [
     "GroupedExperts",
     "TokenChoiceRouter",
     "SCORE_FUNCS",
+    "ACTIVATIONS",
     "inactive_params",
 ]
 
 SCORE_FUNCS = ("softmax", "sigmoid")
+# the experts' gated activation of (gate, up): SwiGLU ``silu(gate) * up``, or gpt-oss's
+# ``min(gate, L) * sigmoid(alpha * min(gate, L)) * (clamp(up, -L, L) + 1)``
+ACTIVATIONS = ("silu", "clamped_swiglu")
 
 
 @dataclass
@@ -81,6 +87,13 @@ class MoEArgs:
     # interleave_moe_layer_step); the others are dense with the family's own width
     every: int = 1
     first_dense: int = 0  # the first layers are dense whatever every says [first_k_dense_replace]
+    # gpt-oss: the router's linear has a bias [router.bias]; each expert's projections have
+    # biases [gate_up_proj_bias, down_proj_bias]; the experts' activation (ACTIVATIONS)
+    gate_bias: bool = False
+    expert_linear_bias: bool = False
+    activation: str = "silu"
+    swiglu_limit: float = 7.0  # clamped_swiglu: gate <= limit, -limit <= up <= limit
+    swiglu_alpha: float = 1.702  # clamped_swiglu: gate * sigmoid(alpha * gate) * (up + 1)
     # how a run trains, not an architecture setting (not in config.json, not compared):
     # the expert-bias update rate per step (0: the bias stays zero), the auxiliary-loss
     # coefficient (0: none) and the grouped-mm kernel (False: the per-expert loop)
@@ -92,6 +105,10 @@ class MoEArgs:
         if self.score_func not in SCORE_FUNCS:
             raise ValueError(
                 f"score_func {self.score_func!r} is not one of: {', '.join(SCORE_FUNCS)}"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation {self.activation!r} is not one of: {', '.join(ACTIVATIONS)}"
             )
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must be in 1..num_experts ({self.num_experts})")
@@ -134,14 +151,15 @@ class TokenChoiceRouter(nn.Module):
 
     def __init__(self, dim: int, args: MoEArgs) -> None:
         super().__init__()
-        self.gate = nn.Linear(dim, args.num_experts, bias=False)
+        self.gate = nn.Linear(dim, args.num_experts, bias=args.gate_bias)
         self.args = args
 
     def forward(
         self, x: torch.Tensor, expert_bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         a = self.args
-        logits = F.linear(x, _local(self.gate.weight)).float()
+        bias = None if self.gate.bias is None else _local(self.gate.bias)
+        logits = F.linear(x, _local(self.gate.weight), bias).float()
         scores = logits.softmax(dim=-1) if a.score_func == "softmax" else logits.sigmoid()
         if expert_bias is None and a.num_groups == 1:
             weights, experts = scores.topk(a.top_k, dim=-1)
@@ -208,23 +226,53 @@ def _grouped_mm_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
 
 
+Biases = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # b1 [E, hidden], b2 [E, dim], b3
+
+
+def glu(gate: torch.Tensor, up: torch.Tensor, args: MoEArgs) -> torch.Tensor:
+    """The experts' gated activation (``args.activation``, see ``ACTIVATIONS``)."""
+    if args.activation == "silu":
+        return F.silu(gate) * up
+    limit = args.swiglu_limit
+    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return gate * torch.sigmoid(args.swiglu_alpha * gate) * (up + 1)
+
+
 def _swiglu_grouped(
-    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, counts: torch.Tensor
+    x: torch.Tensor,
+    w: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    counts: torch.Tensor,
+    args: MoEArgs,
+    biases: Biases | None = None,
 ) -> torch.Tensor:
     """All experts at once: ``x`` holds expert 0's rows, then expert 1's, ... (``counts``)."""
+    w1, w2, w3 = w
     offs = counts.cumsum(0).to(torch.int32)
-    h = F.silu(grouped_mm(x, w1.transpose(-2, -1), offs)) * grouped_mm(
-        x, w3.transpose(-2, -1), offs
-    )
-    return grouped_mm(h, w2.transpose(-2, -1), offs)
+    gate, up = grouped_mm(x, w1.transpose(-2, -1), offs), grouped_mm(x, w3.transpose(-2, -1), offs)
+    if biases is not None:  # each row's expert, without a host sync
+        b1, b2, b3 = biases
+        expert = torch.arange(len(counts), device=x.device)
+        expert = expert.repeat_interleave(counts, output_size=x.shape[0])
+        gate, up = gate + b1[expert], up + b3[expert]
+    out = grouped_mm(glu(gate, up, args), w2.transpose(-2, -1), offs)
+    return out if biases is None else out + b2[expert]
 
 
 def _swiglu_loop(
-    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, counts: torch.Tensor
+    x: torch.Tensor,
+    w: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    counts: torch.Tensor,
+    args: MoEArgs,
+    biases: Biases | None = None,
 ) -> torch.Tensor:
     """The reference: one expert after another (a host sync for the counts)."""
-    pieces = x.split(counts.tolist())
-    out = [(F.silu(p @ w1[e].T) * (p @ w3[e].T)) @ w2[e].T for e, p in enumerate(pieces)]
+    (w1, w2, w3), out = w, []
+    for e, p in enumerate(x.split(counts.tolist())):
+        gate, up = p @ w1[e].T, p @ w3[e].T
+        if biases is not None:
+            gate, up = gate + biases[0][e], up + biases[2][e]
+        y = glu(gate, up, args) @ w2[e].T
+        out.append(y if biases is None else y + biases[1][e])
     return torch.cat(out) if out else x.new_zeros(0, w2.shape[1])
 
 
@@ -252,26 +300,47 @@ _WARNED_UNALIGNED: set[tuple[int, int, torch.dtype]] = set()
 
 
 class GroupedExperts(nn.Module):
-    """``num_experts`` SwiGLU experts, weights stacked on dim 0: ``forward(x, counts)`` with the
+    """``num_experts`` gated experts, weights stacked on dim 0: ``forward(x, counts)`` with the
     rows of ``x`` sorted by expert and ``counts [E]`` rows per expert (the local experts' rows
-    only, when expert parallelism has sharded dim 0)."""
+    only, when expert parallelism has sharded dim 0). ``args`` (a :class:`MoEArgs`, default
+    plain SwiGLU) chooses the activation and whether each expert's projections have biases
+    ``b1``/``b3 [E, hidden]`` and ``b2 [E, dim]``."""
 
-    def __init__(self, dim: int, hidden_dim: int, num_experts: int, grouped_mm: bool) -> None:
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        num_experts: int,
+        grouped_mm: bool,
+        args: MoEArgs | None = None,
+    ) -> None:
         super().__init__()
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.args = args if args is not None else MoEArgs(num_experts=num_experts)
+        self.b1 = self.b2 = self.b3 = None
+        if self.args.expert_linear_bias:
+            self.b1 = nn.Parameter(torch.empty(num_experts, hidden_dim))
+            self.b2 = nn.Parameter(torch.empty(num_experts, dim))
+            self.b3 = nn.Parameter(torch.empty(num_experts, hidden_dim))
         self.grouped_mm = grouped_mm
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        w1, w2, w3 = _local(self.w1), _local(self.w2), _local(self.w3)
-        run = _swiglu_grouped if self.grouped_mm and _kernel_takes(x, w1) else _swiglu_loop
-        return run(x, w1, w2, w3, counts)
+        w = (_local(self.w1), _local(self.w2), _local(self.w3))
+        biases = None
+        if self.b1 is not None:
+            biases = (_local(self.b1), _local(self.b2), _local(self.b3))
+        run = _swiglu_grouped if self.grouped_mm and _kernel_takes(x, w[0]) else _swiglu_loop
+        return run(x, w, counts, self.args, biases)
 
     def init_weights(self, init_std: float) -> None:
-        """w1/w3: truncated normal std 0.02; w2 (output side): the given std."""
+        """w1/w3: truncated normal std 0.02; w2 (output side): the given std; biases zero."""
         for w, std in ((self.w1, 0.02), (self.w3, 0.02), (self.w2, init_std)):
             trunc_normal_(w, std=std)
+        for b in (self.b1, self.b2, self.b3):
+            if b is not None:
+                nn.init.zeros_(b)
 
 
 def _local(w: torch.Tensor) -> torch.Tensor:
@@ -305,7 +374,7 @@ class MoE(nn.Module):
         self.args = args
         self.num_experts = args.num_experts
         self.router = TokenChoiceRouter(dim, args)
-        self.experts = GroupedExperts(dim, args.hidden_dim, args.num_experts, args.grouped_mm)
+        self.experts = GroupedExperts(dim, args.hidden_dim, args.num_experts, args.grouped_mm, args)
         self.shared_experts = (
             FeedForward(dim, args.shared_hidden_dim) if args.shared_hidden_dim > 0 else None
         )
@@ -367,6 +436,8 @@ class MoE(nn.Module):
         """Router: truncated normal std 0.02; experts as :class:`GroupedExperts`; shared expert
         as :class:`FeedForward`; the bias and counters to zero."""
         trunc_normal_(self.router.gate.weight, std=0.02)
+        if self.router.gate.bias is not None:
+            trunc_normal_(self.router.gate.bias, std=0.02)
         self.experts.init_weights(init_std)
         if self.shared_experts is not None:
             self.shared_experts.init_weights(init_std)

@@ -101,11 +101,14 @@ def yarn_inv_freqs(
     original_max_seq_len: int,
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
+    truncate: bool = True,
 ) -> torch.Tensor:
     """YaRN's "NTK-by-parts" frequencies (arXiv 2309.00071, as DeepSeek-V2/V3 publish them),
     float64: pairs that turn more than ``beta_fast`` times over ``original_max_seq_len`` keep
     their frequency, those turning fewer than ``beta_slow`` times are divided by ``factor``, and
-    a linear ramp over the pair index (its ends rounded outward) blends the two in between."""
+    a linear ramp over the pair index blends the two in between. ``truncate``: the ramp's ends
+    rounded outward to whole pairs (DeepSeek); gpt-oss publishes ``truncate: false`` (its ends
+    8.09 and 17.40 as they are), as ``transformers``' ``rope_parameters["truncate"]``."""
 
     def pair_turning(turns: float) -> float:  # the pair index that turns ``turns`` times
         return (
@@ -114,8 +117,10 @@ def yarn_inv_freqs(
             / (2 * math.log(theta))
         )
 
-    low = max(math.floor(pair_turning(beta_fast)), 0)
-    high = min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
+    low, high = pair_turning(beta_fast), pair_turning(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
     freqs = inv_freqs(head_dim, theta)
     ramp = (torch.arange(head_dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)
     keep = 1.0 - ramp.clamp(0.0, 1.0)  # 1: the original frequency, 0: divided by the factor
