@@ -1,7 +1,8 @@
 """Hugging Face model folders: ``config.json`` plus ``model.safetensors``, or shards listed in
 ``model.safetensors.index.json`` (its ``weight_map``), as ``from_pretrained`` reads them.
 Block-quantized FP8 releases (DeepSeek-V3, Kimi K2: ``weight_scale_inv`` beside each float8
-weight) are dequantized as they are read."""
+weight) and MXFP4 releases (gpt-oss: ``<name>_blocks`` and ``<name>_scales`` for the experts) are
+dequantized to bfloat16 as they are read."""
 
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ def read_folder(
             progress(i + 1, len(files))
     if any(k.endswith(SCALE_SUFFIX) for k in state):
         state = dequantize_fp8_blocks(state, _block_size(path))
+    if any(k.endswith(MXFP4_BLOCKS) for k in state):
+        state = dequantize_mxfp4(state)
     return state
 
 
@@ -96,6 +99,52 @@ def dequantize_fp8_blocks(
         full = scale.float().repeat_interleave(block[0], 0)[:rows]
         full = full.repeat_interleave(block[1], 1)[:, :cols]
         out[name] = (w.float() * full).to(torch.bfloat16)
+    return out
+
+
+MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"  # gpt-oss: ``<name>_blocks``, ``<name>_scales``
+# FP4 (E2M1) by its 4-bit code: bit 3 the sign, then 2 exponent bits and 1 mantissa bit
+FP4_VALUES = (
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    -0.0,
+    -0.5,
+    -1.0,
+    -1.5,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
+)
+
+
+def dequantize_mxfp4(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each MXFP4 tensor (OCP microscaling: ``<name>_blocks`` uint8 ``[E, out,
+    G, 16]``, 32 FP4 values per group of 16 bytes, the low nibble first, and ``<name>_scales``
+    uint8 ``[E, out, G]``, one power of two ``2^(s - 127)`` per group) as bfloat16 ``<name>``
+    ``[E, in, out]`` with ``in = 32 G``: the layout and the numbers of ``transformers``'
+    ``convert_moe_packed_tensors`` (every value is exact in bfloat16)."""
+    out = {k: v for k, v in state.items() if not k.endswith((MXFP4_BLOCKS, MXFP4_SCALES))}
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    for blocks_name in [k for k in state if k.endswith(MXFP4_BLOCKS)]:
+        name = blocks_name[: -len(MXFP4_BLOCKS)]
+        blocks, scales = state[blocks_name], state.get(name + MXFP4_SCALES)
+        if scales is None:
+            raise HFFormatError(f"{blocks_name} has no {name}{MXFP4_SCALES} to scale it")
+        if blocks.dim() < 3 or blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
+            raise HFFormatError(
+                f"{blocks_name} {tuple(blocks.shape)} and {name}{MXFP4_SCALES} "
+                f"{tuple(scales.shape)} are not MXFP4 blocks [..., G, 16] with scales [..., G]"
+            )
+        codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-2).long()
+        values = torch.ldexp(lut[codes], scales.long().unsqueeze(-1) - 127)
+        out[name] = values.flatten(-2).to(torch.bfloat16).transpose(-2, -1).contiguous()
     return out
 
 

@@ -7,7 +7,8 @@ family is named here):
   projection is the same tensor and counts here);
 - ``output``: the parameters of a ``nn.Linear`` that is a direct child of the model (the final
   projection to the vocabulary in every family here);
-- ``biases``: parameters named ``*.bias``;
+- ``biases``: parameters named ``*.bias`` or ``*_bias`` (stacked experts' biases), and the
+  attention sinks (``*.sinks``, a learned logit per head);
 - ``norms``: the other one-dimensional parameters (RMSNorm and LayerNorm weights, q/k norms).
 
 ``optimizer.weight_decay_exempt`` lists the categories that get no weight decay (default: norms,
@@ -125,7 +126,7 @@ def categories(model: nn.Module) -> dict[str, str | None]:
         name = clean_name(name)
         if name in owners:
             found[name] = owners[name]
-        elif name.endswith(".bias"):
+        elif name.endswith((".bias", "_bias", ".sinks")):  # experts' stacked biases; sinks
             found[name] = "biases"
         else:
             found[name] = "norms" if p.ndim == 1 else None

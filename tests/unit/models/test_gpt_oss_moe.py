@@ -52,9 +52,9 @@ def _theirs(moe: MoE):
         mlp.router.bias.copy_(moe.router.gate.bias)
         # transformers' experts are [E, in, out], gate and up interleaved along out
         mlp.experts.gate_up_proj.copy_(torch.stack((e.w1, e.w3), 2).flatten(1, 2).transpose(1, 2))
-        mlp.experts.gate_up_proj_bias.copy_(torch.stack((e.b1, e.b3), -1).flatten(-2))
+        mlp.experts.gate_up_proj_bias.copy_(torch.stack((e.w1_bias, e.w3_bias), -1).flatten(-2))
         mlp.experts.down_proj.copy_(e.w2.transpose(1, 2))
-        mlp.experts.down_proj_bias.copy_(e.b2)
+        mlp.experts.down_proj_bias.copy_(e.w2_bias)
     return mlp
 
 
@@ -68,8 +68,8 @@ def test_equals_transformers_gpt_oss_mlp(grouped_mm):
     torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-5)
     # the clamp bites: some gate values pass 7 and some up values leave [-7, 7]
     flat = x.reshape(-1, DIM)
-    gate = torch.einsum("nd,ehd->neh", flat, moe.experts.w1) + moe.experts.b1
-    up = torch.einsum("nd,ehd->neh", flat, moe.experts.w3) + moe.experts.b3
+    gate = torch.einsum("nd,ehd->neh", flat, moe.experts.w1) + moe.experts.w1_bias
+    up = torch.einsum("nd,ehd->neh", flat, moe.experts.w3) + moe.experts.w3_bias
     assert (gate > 7).any() and (up.abs() > 7).any()
 
 

@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+from hf_oracle import greedy_tokens
 
 from torchtitan.errors import HFFormatError
 from torchtitan.models.common.decoder import get_nparams_and_flops
@@ -179,20 +180,8 @@ def test_greedy_generation_matches_transformers(flavor, tmp_path):
     ours = _ours(flavor)
     hf = _hf(flavor, ours, tmp_path)
     prompt = torch.randint(0, args.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
-    seq = prompt
-    with torch.no_grad():
-        for _ in range(8):
-            nxt = ours(seq)[:, -1].argmax(-1, keepdim=True)
-            seq = torch.cat([seq, nxt], dim=1)
-        got = hf.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            do_sample=False,
-            max_new_tokens=8,
-            min_new_tokens=8,
-            pad_token_id=0,
-        )
-    assert got.tolist() == seq.tolist()
+    mine, theirs = greedy_tokens(ours, hf, prompt)
+    assert mine == theirs
 
 
 _HF_CLASSES = {

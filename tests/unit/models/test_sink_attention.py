@@ -154,13 +154,18 @@ def test_the_fused_kernel_has_the_oracles_values_and_gradients(window, documents
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11, msg=name)
 
 
-def test_the_fused_kernel_in_float32_and_bfloat16_stays_near_the_float64_oracle():
+@pytest.mark.parametrize(
+    "window, documents", [(None, False), (4, False), (4, True)], ids=["causal", "window", "both"]
+)
+def test_the_fused_kernel_in_float32_and_bfloat16_stays_near_the_float64_oracle(window, documents):
+    """In float32 and bfloat16 the fused kernels run (CPU's flash attention where it takes the
+    shapes: all of q, k and v one width), not the float64 math the test above checks."""
     q, k, v, sinks = _leaves()
-    allowed, doc_mask = _allowed(4, True)
+    allowed, doc_mask = _allowed(window, documents)
     ref = sink_attention(q, k, v, sinks, allowed)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
         low = [x.detach().to(dtype) for x in (q, k, v, sinks)]
-        got = CausalAttention()(*low[:3], doc_mask, sinks=low[3], window=4)
+        got = CausalAttention()(*low[:3], doc_mask, sinks=low[3], window=window)
         assert got.dtype == dtype
         assert (got.double() - ref).abs().max() < tol, dtype
 

@@ -235,7 +235,8 @@ def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[in
         mixture-of-experts layer only the active parameters count: the router, the shared
         experts and ``top_k / num_experts`` of the routed experts.
         ``6 = 2`` (multiply-add) ``x 3`` (forward, grad wrt input, grad wrt weight).
-      - the attention term covers ``Q K^T`` and ``A V``: ``2 * 2 * T * w`` FLOPs per token and
+      - the attention term covers ``Q K^T`` and ``A V`` (a sliding-window layer's by the keys
+        its window holds, see ``args.attention_windows``): ``2 * 2 * T * w`` FLOPs per token and
         layer forward for full attention over query width ``w = n_heads * head_dim`` (``dim``
         for Llama), halved for causal attention, times 3 for forward plus backward:
         ``6 * T * w`` per layer. Grouped-query attention does not change it (every query head
@@ -263,5 +264,17 @@ def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[in
     attention_width = args.n_heads * args.head_dim
     n_mtp = getattr(args, "num_mtp_layers", 0)
     matmul_params += n_mtp * args.dim * args.vocab_size  # each depth's logits
-    flops_per_token = 6 * matmul_params + 6 * (args.n_layers + n_mtp) * attention_width * seq_len
-    return nparams, int(flops_per_token)
+    windows = getattr(args, "attention_windows", lambda: [None] * args.n_layers)()
+    attention = sum(_attention_flops(attention_width, seq_len, w) for w in windows)
+    attention += n_mtp * _attention_flops(attention_width, seq_len, None)
+    return nparams, int(6 * matmul_params + attention)
+
+
+def _attention_flops(width: int, seq_len: int, window: int | None) -> float:
+    """One layer's ``Q K^T`` and ``A V``, forward and backward, per token: ``12 * width`` per key
+    a query sees on average (causal: ``T / 2``; a window of ``W < T`` keys, the query's own
+    included: ``(W (W + 1) / 2 + (T - W) W) / T``)."""
+    if window is None or window >= seq_len:
+        return 6 * width * seq_len
+    mean_keys = (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len
+    return 12 * width * mean_keys

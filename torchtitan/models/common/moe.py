@@ -14,7 +14,7 @@ experts every token goes through. Dropless: every expert takes every token route
   experts of its ``topk_groups`` best groups.
 * **Routed experts** hold their weights stacked: ``w1``/``w3`` ``[E, hidden, dim]`` and ``w2``
   ``[E, dim, hidden]`` (each expert's slice is an ``nn.Linear`` weight); gpt-oss adds biases
-  ``b1``/``b3 [E, hidden]`` and ``b2 [E, dim]``, a bias on the router's ``gate`` and its clamped
+  ``w1_bias``/``w3_bias [E, hidden]`` and ``w2_bias [E, dim]``, a bias on the router's ``gate`` and its clamped
   activation (``MoEArgs.activation``). Tokens are sorted by
   expert and run through ``torch._grouped_mm`` (one kernel for all experts; float32 on CPU,
   bfloat16 on H100), or a per-expert loop, the reference the tests compare it to.
@@ -226,7 +226,9 @@ def _grouped_mm_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 grouped_mm.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
 
 
-Biases = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # b1 [E, hidden], b2 [E, dim], b3
+Biases = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor
+]  # w1_bias [E, hidden], w2_bias [E, dim], w3_bias
 
 
 def glu(gate: torch.Tensor, up: torch.Tensor, args: MoEArgs) -> torch.Tensor:
@@ -304,7 +306,7 @@ class GroupedExperts(nn.Module):
     rows of ``x`` sorted by expert and ``counts [E]`` rows per expert (the local experts' rows
     only, when expert parallelism has sharded dim 0). ``args`` (a :class:`MoEArgs`, default
     plain SwiGLU) chooses the activation and whether each expert's projections have biases
-    ``b1``/``b3 [E, hidden]`` and ``b2 [E, dim]``."""
+    ``w1_bias``/``w3_bias [E, hidden]`` and ``w2_bias [E, dim]``."""
 
     def __init__(
         self,
@@ -319,18 +321,18 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.args = args if args is not None else MoEArgs(num_experts=num_experts)
-        self.b1 = self.b2 = self.b3 = None
+        self.w1_bias = self.w2_bias = self.w3_bias = None
         if self.args.expert_linear_bias:
-            self.b1 = nn.Parameter(torch.empty(num_experts, hidden_dim))
-            self.b2 = nn.Parameter(torch.empty(num_experts, dim))
-            self.b3 = nn.Parameter(torch.empty(num_experts, hidden_dim))
+            self.w1_bias = nn.Parameter(torch.empty(num_experts, hidden_dim))
+            self.w2_bias = nn.Parameter(torch.empty(num_experts, dim))
+            self.w3_bias = nn.Parameter(torch.empty(num_experts, hidden_dim))
         self.grouped_mm = grouped_mm
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         w = (_local(self.w1), _local(self.w2), _local(self.w3))
         biases = None
-        if self.b1 is not None:
-            biases = (_local(self.b1), _local(self.b2), _local(self.b3))
+        if self.w1_bias is not None:
+            biases = (_local(self.w1_bias), _local(self.w2_bias), _local(self.w3_bias))
         run = _swiglu_grouped if self.grouped_mm and _kernel_takes(x, w[0]) else _swiglu_loop
         return run(x, w, counts, self.args, biases)
 
@@ -338,7 +340,7 @@ class GroupedExperts(nn.Module):
         """w1/w3: truncated normal std 0.02; w2 (output side): the given std; biases zero."""
         for w, std in ((self.w1, 0.02), (self.w3, 0.02), (self.w2, init_std)):
             trunc_normal_(w, std=std)
-        for b in (self.b1, self.b2, self.b3):
+        for b in (self.w1_bias, self.w2_bias, self.w3_bias):
             if b is not None:
                 nn.init.zeros_(b)
 

@@ -70,19 +70,32 @@ def sink_attention(
 
 
 def _fold_sinks(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor,
+    scale: float,
+    first: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``q [..., H, Tq, D]``, ``k, v [..., H_kv, S, D]`` with the sink as key ``S`` (the last):
-    queries get the channel ``-S_h / scale``, keys the channel 1, the sink key and value are
-    zero. The channels are padded to a multiple of 8 with zeros (fused kernels' alignment)."""
+    """``q [..., H, Tq, D]``, ``k, v [..., H_kv, S, D]`` with the sink as one more key, the last
+    (``first``: the first, and a zero query before the others, so that a causal kernel's query
+    ``i + 1`` sees the sink and keys ``0..i``): queries get the channel ``-S_h / scale``, keys
+    the channel 1, the sink key and value are zero. The channels are padded with zeros to a
+    multiple of 8 (fused kernels' alignment), the values' to the same width (CPU's fused kernel
+    wants one width for all three); slice the output back to the values' width."""
     d = q.shape[-1]
     extra = 8 - d % 8  # at least the one channel
     shift = (-sinks / scale).to(q.dtype).reshape(-1, 1, 1).expand(*q.shape[:-1], 1)
     q = torch.cat([q, shift, q.new_zeros(*q.shape[:-1], extra - 1)], dim=-1)
     k = torch.cat([k, k.new_ones(*k.shape[:-1], 1), k.new_zeros(*k.shape[:-1], extra - 1)], -1)
-    k = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)
-    v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)
-    return q, k, v
+    if v.shape[-1] < q.shape[-1]:
+        v = F.pad(v, (0, q.shape[-1] - v.shape[-1]))
+
+    def one_more(x: torch.Tensor) -> torch.Tensor:  # a zero row before or after the others
+        zero = x.new_zeros(*x.shape[:-2], 1, x.shape[-1])
+        return torch.cat([zero, x] if first else [x, zero], dim=-2)
+
+    return (one_more(q) if first else q), one_more(k), one_more(v)
 
 
 def _attend(
@@ -94,11 +107,13 @@ def _attend(
     scale: float,
 ) -> torch.Tensor:
     """SDPA under the bool mask ``allowed`` (broadcasting to ``[N, H, Tq, S]``), the sink folded in."""
+    width = v.shape[-1]
     if sinks is not None:
         q, k, v = _fold_sinks(q, k, v, sinks, scale)
         allowed = torch.cat([allowed, allowed.new_ones(*allowed.shape[:-1], 1)], dim=-1)
     gqa = q.shape[-3] != k.shape[-3]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+    return out[..., :width]
 
 
 def _chunks(x: torch.Tensor, window: int, n: int) -> torch.Tensor:
@@ -141,6 +156,14 @@ def sdpa_sink_window(
     None (causal) or a ``[B, 1, T, T]`` bool document mask -> ``[B, H, T, D_v]``."""
     batch, heads, t, d = q.shape
     scale = d**-0.5 if scale is None else scale
+    if (window is None or window >= t) and mask is None and sinks is not None:
+        # the sink first and a zero query before the others: the causal kernel skips the
+        # scores above the diagonal, as for attention without sinks
+        width = v.shape[-1]
+        q, k, v = _fold_sinks(q, k, v, sinks, scale, first=True)
+        gqa = q.shape[1] != k.shape[1]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+        return out[:, :, 1:, :width]
     if window is None or window >= t:  # a window as long as the sequence hides nothing
         causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
         return _attend(q, k, v, causal if mask is None else mask & causal, sinks, scale)

@@ -1,0 +1,23 @@
+"""What the family tests share when they hold a model of ours against ``transformers``' own."""
+
+from __future__ import annotations
+
+import torch
+
+
+def greedy_tokens(ours: torch.nn.Module, hf: torch.nn.Module, prompt: torch.Tensor, new: int = 8):
+    """``(ours, theirs)``: ``new`` greedy tokens after ``prompt [1, T]``, ours by re-running the
+    model on the growing sequence, theirs by ``generate`` with its key-value cache."""
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(new):
+            seq = torch.cat([seq, ours(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        theirs = hf.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=False,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            pad_token_id=0,
+        )
+    return seq.tolist(), theirs.tolist()
