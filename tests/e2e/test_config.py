@@ -60,7 +60,7 @@ def test_help_read_in_part_ends_quietly():
         ),
         (
             ["--model.name", "gpt9"],
-            "error: command line: --model.name: unknown model 'gpt9'; valid: deepseek_v3, llama2, llama3",
+            "error: command line: --model.name: unknown model 'gpt9'; valid: deepseek_v3, gpt_oss, llama2, llama3",
         ),
         (
             ["--parallelism.data_parallel_shard_degree", "3"],

@@ -130,22 +130,36 @@ def dequantize_mxfp4(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     uint8 ``[E, out, G]``, one power of two ``2^(s - 127)`` per group) as bfloat16 ``<name>``
     ``[E, in, out]`` with ``in = 32 G``: the layout and the numbers of ``transformers``'
     ``convert_moe_packed_tensors`` (every value is exact in bfloat16)."""
-    out = {k: v for k, v in state.items() if not k.endswith((MXFP4_BLOCKS, MXFP4_SCALES))}
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
-    for blocks_name in [k for k in state if k.endswith(MXFP4_BLOCKS)]:
-        name = blocks_name[: -len(MXFP4_BLOCKS)]
-        blocks, scales = state[blocks_name], state.get(name + MXFP4_SCALES)
+    quantized = [k[: -len(MXFP4_BLOCKS)] for k in state if k.endswith(MXFP4_BLOCKS)]
+    pairs = {n + suffix for n in quantized for suffix in (MXFP4_BLOCKS, MXFP4_SCALES)}
+    out = {k: v for k, v in state.items() if k not in pairs}
+    for name in quantized:
+        blocks, scales = state[name + MXFP4_BLOCKS], state.get(name + MXFP4_SCALES)
         if scales is None:
-            raise HFFormatError(f"{blocks_name} has no {name}{MXFP4_SCALES} to scale it")
+            raise HFFormatError(f"{name}{MXFP4_BLOCKS} has no {name}{MXFP4_SCALES} to scale it")
         if blocks.dim() < 3 or blocks.shape[-1] != 16 or blocks.shape[:-1] != scales.shape:
             raise HFFormatError(
-                f"{blocks_name} {tuple(blocks.shape)} and {name}{MXFP4_SCALES} "
+                f"{name}{MXFP4_BLOCKS} {tuple(blocks.shape)} and {name}{MXFP4_SCALES} "
                 f"{tuple(scales.shape)} are not MXFP4 blocks [..., G, 16] with scales [..., G]"
             )
-        codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-2).long()
-        values = torch.ldexp(lut[codes], scales.long().unsqueeze(-1) - 127)
-        out[name] = values.flatten(-2).to(torch.bfloat16).transpose(-2, -1).contiguous()
+        *lead, rows, groups, _ = blocks.shape
+        experts = blocks.reshape(-1, rows, groups, 16), scales.reshape(-1, rows, groups)
+        full = torch.empty(experts[0].shape[0], groups * 32, rows, dtype=torch.bfloat16)
+        # one expert at a time: the float32 values of a 120b layer's gate_up_proj at once would
+        # take 8 GiB
+        for i, part in enumerate(full):
+            part.copy_(_mxfp4_values(experts[0][i], experts[1][i]).transpose(-2, -1))
+        full = full.reshape(*lead, groups * 32, rows)
+        out[name] = full
     return out
+
+
+def _mxfp4_values(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``[..., rows, G, 16]`` uint8 codes and ``[..., rows, G]`` scales -> ``[..., rows, 32 G]``
+    float32 values (exact)."""
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-2).int()
+    return torch.ldexp(lut[codes], scales.int().unsqueeze(-1) - 127).flatten(-2)
 
 
 def write_folder(

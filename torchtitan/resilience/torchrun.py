@@ -7,7 +7,8 @@ Kubernetes it alone gets it. torchrun raises ``SignalException`` on each one, ev
 for its workers to save and stop on the first. The second breaks off that wait, torchrun prints a
 traceback, and then it hangs at exit on the threads that copy the workers' logs (torch 2.11 to
 2.13): the job never ends and its workers' last lines are lost. A signal after the first changes
-nothing (the workers have it already), so here torchrun ignores it.
+nothing (the workers have it already), so here torchrun ignores it. (A second Ctrl-C that
+should stop everything at once is the launcher's: it kills the workers itself.)
 
 Usage is torchrun's: ``python -m torchtitan.resilience.torchrun --nproc-per-node=2 train.py ...``.
 """
@@ -15,7 +16,6 @@ Usage is torchrun's: ``python -m torchtitan.resilience.torchrun --nproc-per-node
 from __future__ import annotations
 
 import runpy
-import sys
 from collections.abc import Callable
 from types import FrameType
 
@@ -43,7 +43,6 @@ def main() -> None:
     # a torch without it runs unchanged
     if callable(getattr(api, "_terminate_process_handler", None)):
         api._terminate_process_handler = acting_once(api._terminate_process_handler)
-    sys.argv[0] = "torchrun"
     runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
 
 

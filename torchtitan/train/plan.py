@@ -68,10 +68,9 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
             with problems.collect():
                 layout_check(job_config, dims)
     if dims is not None and model_args is not None:
-        with problems.collect():
-            _check_model_fits_layout(dims, model_args)
-        with problems.collect():
+        with problems.collect():  # what the family refuses first: the same keys, said once
             _check_family_supports_layout(dims, spec, job_config.model.name)
+            _check_model_fits_layout(dims, model_args)
         if dims.pp > 1:
             with problems.collect():
                 pipeline = pipeline_plan(job_config, model_args, dims)
@@ -250,6 +249,12 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
         raise ConfigError(
             f"parallelism.expert_parallel_degree: {dims.ep}, but this model has no experts; "
             "use 1 (or a mixture-of-experts model)"
+        )
+    if moe is not None and moe.expert_linear_bias and max(dims.ep, dims.tp) > 1:
+        key = "expert_parallel_degree" if dims.ep > 1 else "tensor_parallel_degree"
+        raise ConfigError(
+            f"parallelism.{key}: {max(dims.ep, dims.tp)}, but the experts' biases "
+            "(moe.expert_linear_bias) are not split over expert- or tensor-parallel ranks yet; use 1"
         )
     if moe is not None and moe.num_experts % dims.ep:
         raise ConfigError(

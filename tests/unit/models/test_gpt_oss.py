@@ -301,3 +301,24 @@ def test_layer_types_other_than_the_alternation_are_kept_and_checked():
     assert dataclasses.replace(TINY, n_layers=2).attention_windows() == [6, None]
     with pytest.raises(ValueError, match=r"layer_types must name 4 layers .* got 3"):
         dataclasses.replace(TINY, layer_types=kinds[:3])
+
+
+@pytest.mark.parametrize("ep, tp", [(2, 1), (1, 2)])
+def test_any_family_with_expert_biases_is_refused_expert_and_tensor_parallel(ep, tp):
+    """The generic check behind the family's own refusal: the EP and TP plans do not split the
+    experts' biases yet, whichever family has them."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+    from torchtitan.errors import ConfigError
+    from torchtitan.train.plan import _check_model_fits_layout
+
+    dims = ParallelDims(dp_replicate=1, dp_shard=-1, cp=1, tp=tp, pp=1, world_size=2, ep=ep)
+    with pytest.raises(ConfigError, match=r"moe.expert_linear_bias\) are not split"):
+        _check_model_fits_layout(dims, TINY)
+
+
+def test_a_lone_scales_tensor_is_not_taken_for_mxfp4():
+    w = torch.ones(3)
+    blocks = torch.zeros(2, 4, 1, 16, dtype=torch.uint8)
+    scales = torch.full((2, 4, 1), 127, dtype=torch.uint8)
+    out = dequantize_mxfp4({"a_scales": w, "b_blocks": blocks, "b_scales": scales})
+    assert out.keys() == {"a_scales", "b"} and out["b"].shape == (2, 32, 4) and not out["b"].any()

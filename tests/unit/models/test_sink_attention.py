@@ -170,6 +170,24 @@ def test_the_fused_kernel_in_float32_and_bfloat16_stays_near_the_float64_oracle(
         assert (got.double() - ref).abs().max() < tol, dtype
 
 
+def test_without_sinks_a_partial_last_window_chunk_has_the_oracles_gradients():
+    """Documents, a window that does not divide the sequence, no sinks, float32: values and
+    finite q/k/v gradients as the oracle's. (The padded queries of the last chunk are made to
+    see themselves: a fused kernel may give an empty row NaN, which would reach the keys'
+    gradients through a zero; CPU's gives zeros, so this passes without that too.)"""
+    q, k, v, _ = (x.detach().float().requires_grad_() for x in _leaves())
+    allowed, doc_mask = _allowed(4, True)
+    far = torch.full((H,), -1e4)
+    ref = sink_attention(q, k, v, far, allowed)
+    got = CausalAttention()(q, k, v, doc_mask, window=4)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(got.sum(), (q, k, v))
+    want = torch.autograd.grad(ref.sum(), (q, k, v))
+    for g, w in zip(grads, want, strict=True):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("window", [None, 4])
 def test_the_flex_path_rescales_by_the_log_sum_exp_to_the_oracles_numbers(window):
     """The CUDA path's math (FlexAttention and its log-sum-exp, ``o * sigmoid(lse - S)``), run

@@ -24,6 +24,7 @@ The block-causal kernel depends on the device, with one set of weights and the s
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -109,10 +110,13 @@ def flex_document_attention(
 
 def windowed_block_mask(block_mask: Any, window: int) -> Any:
     """``block_mask`` AND a window of ``window`` keys, made once per block mask (it lives for a
-    forward: every sliding layer of the batch shares it)."""
+    forward: every sliding layer of the batch shares it). ``CausalAttention.mask_for`` makes
+    them before the blocks run, so a compiled block only looks its mask up."""
     from torch.nn.attention.flex_attention import and_masks, create_block_mask
 
-    made = block_mask.__dict__.setdefault("_torchtitan_windows", {})
+    made = getattr(block_mask, "_torchtitan_windows", None)
+    if made is None:
+        made = block_mask._torchtitan_windows = {}
     if window not in made:
         batch, _, t, s = block_mask.shape
         mask_mod = and_masks(block_mask.mask_mod, window_mask_mod(window))
@@ -137,11 +141,16 @@ class CausalAttention(nn.Module):
     replacement provides its own ``mask_for``.
     """
 
-    def mask_for(self, doc_ids: torch.Tensor) -> Any:
+    def mask_for(self, doc_ids: torch.Tensor, windows: Iterable[int] = ()) -> Any:
         """What ``forward`` takes as ``mask`` for block-causal attention within the documents of
-        ``doc_ids [B, T]``: a FlexAttention block mask on CUDA, a boolean mask elsewhere."""
+        ``doc_ids [B, T]``: a FlexAttention block mask on CUDA (with its versions for the
+        sliding ``windows`` the layers use made now, outside any compiled block), a boolean
+        mask elsewhere."""
         if doc_ids.is_cuda:
-            return document_block_mask(doc_ids)
+            mask = document_block_mask(doc_ids)
+            for window in windows:
+                windowed_block_mask(mask, window)
+            return mask
         return document_mask(doc_ids)
 
     def forward(

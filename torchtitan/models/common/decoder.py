@@ -220,7 +220,12 @@ class Decoder(nn.Module, ABC):
         blocks = [self.layers] + ([self.mtp_layers] if self.mtp_layers is not None else [])
         modules = (m for b in blocks for m in b.modules())
         kernel = next((m for m in modules if hasattr(m, "mask_for")), None)
-        return None if kernel is None else kernel.mask_for(doc_ids)
+        if kernel is None:
+            return None
+        # the sliding windows' masks, where a kernel makes them, are made here too
+        windows = getattr(self.args, "attention_windows", lambda: [])()
+        windows = sorted({w for w in windows if w is not None})
+        return kernel.mask_for(doc_ids, windows) if windows else kernel.mask_for(doc_ids)
 
 
 def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[int, int]:

@@ -111,6 +111,9 @@ def _attend(
     if sinks is not None:
         q, k, v = _fold_sinks(q, k, v, sinks, scale)
         allowed = torch.cat([allowed, allowed.new_ones(*allowed.shape[:-1], 1)], dim=-1)
+    groups = q.shape[-3] // k.shape[-3]
+    if groups > 1 and q.is_cuda:  # CUDA's fused kernels take a mask or GQA, not both
+        k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
     gqa = q.shape[-3] != k.shape[-3]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
     return out[..., :width]
@@ -139,7 +142,10 @@ def _band(mask: torch.Tensor | None, t: int, window: int, n: int) -> torch.Tenso
     pad = n * window - t
     rows = F.pad(mask, (window, pad, 0, pad)).unflatten(2, (n, window))  # [B, 1, n, W, W + nW]
     per_chunk = rows.unfold(-1, 2 * window, window).diagonal(dim1=2, dim2=4)  # [B, 1, W, 2W, n]
-    return band & per_chunk.permute(0, 4, 1, 2, 3)
+    # each query sees itself: already so for the real ones; the padding after T would see no key
+    # (a fused kernel's NaN there reaches the keys' gradients through a zero)
+    itself = back == 0
+    return band & (per_chunk.permute(0, 4, 1, 2, 3) | itself)
 
 
 def sdpa_sink_window(
