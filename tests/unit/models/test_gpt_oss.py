@@ -322,3 +322,44 @@ def test_a_lone_scales_tensor_is_not_taken_for_mxfp4():
     scales = torch.full((2, 4, 1), 127, dtype=torch.uint8)
     out = dequantize_mxfp4({"a_scales": w, "b_blocks": blocks, "b_scales": scales})
     assert out.keys() == {"a_scales", "b"} and out["b"].shape == (2, 32, 4) and not out["b"].any()
+
+
+# o200k_harmony's special tokens (docs/design/gpt_oss.md, section 5), as added after a BPE
+HARMONY = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>"]
+
+
+def test_the_harmony_special_tokens_give_bos_eos_and_pad_and_stay_text_in_documents(tmp_path):
+    """A folder as gpt-oss's: ``tokenizer.json`` with the harmony tokens added as special,
+    ``tokenizer_config.json`` naming ``<|startoftext|>`` BOS, ``<|return|>`` EOS and
+    ``<|endoftext|>`` pad, ``config.json`` the published vocabulary. BOS and EOS are those
+    tokens; the embedding takes the published size; a harmony token's text inside a document is
+    plain text (data cannot inject a message boundary)."""
+    from hf_folders import train_tokenizer_json
+    from tokenizers import AddedToken, Tokenizer
+
+    from torchtitan.data.tokenizer import HuggingFaceTokenizer
+    from torchtitan.models.gpt_oss.flavors import GPT_OSS_VOCAB_SIZE
+
+    train_tokenizer_json(tmp_path, "bytelevel", vocab_size=400)
+    raw = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    raw.add_special_tokens([AddedToken(t, special=True) for t in HARMONY])
+    raw.save(str(tmp_path / "tokenizer.json"))
+    tokens = {
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|return|>",
+        "pad_token": "<|endoftext|>",
+    }
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokens))
+    config = {"model_type": "gpt_oss", "vocab_size": GPT_OSS_VOCAB_SIZE, "eos_token_id": 200002}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tok = HuggingFaceTokenizer(tmp_path / "tokenizer.json")
+    ids = {t: raw.token_to_id(t) for t in HARMONY}
+    assert (tok.bos_id, tok.eos_id, tok.pad_id) == (
+        ids["<|startoftext|>"],
+        ids["<|return|>"],
+        ids["<|endoftext|>"],
+    )
+    assert tok.n_words == GPT_OSS_VOCAB_SIZE
+    encoded = tok.encode("a <|end|> b", bos=True, eos=True)
+    assert encoded[0] == tok.bos_id and encoded[-1] == tok.eos_id
+    assert ids["<|end|>"] not in encoded and tok.decode(encoded[1:-1]) == "a <|end|> b"
