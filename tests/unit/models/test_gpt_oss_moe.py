@@ -5,30 +5,24 @@ at +-7 bites; the grouped-mm kernel against the per-expert loop in values and gr
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from torchtitan.models.common.moe import MoE, MoEArgs
+from torchtitan.models.gpt_oss.model import gpt_oss_moe
 
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 DIM, HIDDEN, EXPERTS, TOP_K = 16, 12, 8, 4
-GPT_OSS = dict(
-    num_experts=EXPERTS,
-    top_k=TOP_K,
-    hidden_dim=HIDDEN,
-    score_func="softmax",
-    route_norm=True,
-    gate_bias=True,
-    expert_linear_bias=True,
-    activation="clamped_swiglu",
-)
 
 
 def _moe(grouped_mm: bool = True) -> MoE:
     torch.manual_seed(0)
     with torch.device("meta"):
-        moe = MoE(DIM, MoEArgs(**GPT_OSS, grouped_mm=grouped_mm))
+        args = dataclasses.replace(gpt_oss_moe(EXPERTS, TOP_K, HIDDEN), grouped_mm=grouped_mm)
+        moe = MoE(DIM, args)
     moe.to_empty(device="cpu")
     moe.init_weights(0.02)
     with torch.no_grad():  # weights and biases far from zero: ties are rare, the clamp bites
