@@ -48,8 +48,9 @@ def _assert_close(results: dict[str, list[float]], n_cases: int) -> None:
 @pytest.mark.parametrize("nproc", [1, 2, 4])
 def test_all_gather_attention_matches_sdpa(nproc):
     """Outputs and q/k/v gradients of the whole sequence, gathered from every rank's part
-    (the ``mla`` case: values narrower than queries and keys, a softmax scale of its own)."""
-    _assert_close(_run_worker(nproc), n_cases=8)
+    (the ``mla`` case: values narrower than queries and keys, a softmax scale of its own; the
+    ``sinks`` cases: gpt-oss's sinks and sliding windows, and the sinks' gradient)."""
+    _assert_close(_run_worker(nproc), n_cases=16)
 
 
 @pytest.mark.gpu
@@ -57,4 +58,4 @@ def test_all_gather_attention_matches_sdpa(nproc):
     not torch.cuda.is_available(), reason="needs a CUDA GPU (flash / efficient kernels)"
 )
 def test_all_gather_attention_matches_sdpa_on_cuda():
-    _assert_close(_run_worker(1, "--cuda"), n_cases=8)
+    _assert_close(_run_worker(1, "--cuda"), n_cases=10)

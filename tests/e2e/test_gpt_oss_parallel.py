@@ -1,4 +1,4 @@
-"""gpt-oss under the parallelisms it takes so far trains the same numbers as one process.
+"""gpt-oss under every parallelism trains the same numbers as one process.
 
 Like ``test_deepseek_parallel.py``: the gpt_oss debug flavor cut to 2 blocks (a sliding layer
 with a 32-key window over the 64-token sequences, then a full one; attention sinks; a biased
@@ -6,9 +6,7 @@ router and biased clamped-SwiGLU experts, 8 of them, top-4) for 8 steps in the s
 pool of ranks (gloo on CPU), fixed seed, deterministic mode, a global batch of 8 sequences, the
 expert bias moving every step. Step 1 within 1e-4 and every step within 1e-3 (top-k routing is
 discontinuous: see test_moe_parallel.py), and the first step's gradient norm to 3e-4: the sinks'
-and biases' gradients are in it. Tensor, expert and context parallelism are refused for this
-family until their plans split the sinks and biases (docs/design/gpt_oss.md; the refusal is
-``tests/unit/models/test_gpt_oss.py``).
+and biases' gradients are in it.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from launcher import (
     EQUIVALENCE_STEPS,
     LAYOUT_SUITE_ARGS,
     PP2_1F1B,
+    expert_parallel,
     local_batch,
     pooled,
     tensorboard_scalars_all_runs,
@@ -28,6 +27,9 @@ from repo_paths import ROOT
 STEPS, COMMON = EQUIVALENCE_STEPS, LAYOUT_SUITE_ARGS
 CONFIG = str(ROOT / "train_configs" / "gpt_oss_debug.toml")
 BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal"]
+TP2 = ["--parallelism.tensor_parallel_degree", "2"]
+ETP2 = ["--parallelism.expert_tensor_parallel_degree", "2"]
+CP2 = ["--parallelism.context_parallel_degree", "2"]
 _batch = local_batch
 # id -> (processes, arguments); local batch sizes keep the global batch at 8 sequences
 LAYOUTS = {
@@ -35,8 +37,24 @@ LAYOUTS = {
     # the sliding block on stage 0, the full one on stage 1
     "pp2": (2, [*PP2_1F1B, *_batch(8)]),
     "fsdp2_compile": (2, [*COMPILE_AOT_EAGER, *_batch(4)]),
+    # each block recomputed in backward (the sinks' and biases' gradients through the recompute)
+    "fsdp2_ac": (2, ["--activation_checkpoint.mode", "full", *_batch(4)]),
     # packed documents: each window also stops at its document's start
     "fsdp2_block_causal": (2, [*BLOCK_CAUSAL, *_batch(4)]),
+    # the sinks split with their query heads, wqkv's bias with its rows, wo's added once, the
+    # experts' w1/w3 biases with their hidden slices and w2's added on one rank
+    "tp2": (2, [*TP2, *_batch(8)]),
+    # the experts' biases with their experts
+    "ep2": (2, [*expert_parallel(2), *_batch(4)]),
+    "ep2_fsdp2": (4, [*expert_parallel(2), *_batch(2)]),
+    # whole experts under TP, each TP rank its share of the routed rows
+    "ep2_tp2_etp1": (2, [*expert_parallel(2), *TP2, *_batch(8)]),
+    # the experts split over EP and TP at once (a 2-D mesh: w1/w3 biases with their hidden
+    # slices, w2's added on one TP rank), the rest FSDP over the 2 data-parallel ranks
+    "ep2_tp2": (4, [*expert_parallel(2), *TP2, *ETP2, *_batch(4)]),
+    # 4 chunks of 16 positions: the 32-key window reaches into the other rank's chunks
+    "cp2": (2, [*CP2, *_batch(8)]),
+    "cp2_block_causal": (2, [*CP2, *BLOCK_CAUSAL, *_batch(8)]),
 }
 
 

@@ -246,7 +246,18 @@ def test_muon_state_of_the_experts_resumes_under_another_expert_parallel_degree(
     [
         # DeepSeek-V3: multi-head latent attention split by head, its down-projections whole
         # on every rank (with query compression, as the debug flavor has it, and without)
-        ("", ["llama4", "qwen3_moe", "deepseek_v3", "deepseek_v3@q_lora_rank=0"]),
+        # gpt-oss: sinks split with their heads, biases with their rows or added once; its
+        # window shorter than the 32 tokens
+        (
+            "",
+            [
+                "llama4",
+                "qwen3_moe",
+                "deepseek_v3",
+                "deepseek_v3@q_lora_rank=0",
+                "gpt_oss@sliding_window=8",
+            ],
+        ),
         ("inductor", ["llama4"]),
         # dynamo and AOTAutograd as with inductor, without its C++ code generation (inductor's
         # lowering of the Qwen3-MoE block is checked in one process, below)

@@ -3,7 +3,8 @@ parallel 2, for each MoE family named on the command line (``family@field=N``: i
 with one field changed, e.g. ``deepseek_v3@q_lora_rank=0``).
 
 Every rank builds the family's debug model with the same weights (routers scaled up so that the
-routing is spread out and its gradient matters) and runs one forward and backward without
+routing is spread out and its gradient matters; gpt-oss's projection and expert biases, zero at
+init, drawn at random so that a bias split wrongly or added on both ranks shows) and runs one forward and backward without
 parallelism (the reference), then again under the family's TP plan (sequence parallel) in each
 way of holding the experts:
 
@@ -58,6 +59,8 @@ def build(name: str, state: dict | None = None) -> torch.nn.Module:
             for name, p in model.named_parameters():
                 if "router" in name:
                     p.mul_(20)
+                if name.endswith("bias") and "router" not in name:  # gpt-oss's: zero at init
+                    p.normal_(0.0, 0.2)
     return model
 
 

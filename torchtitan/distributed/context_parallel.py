@@ -22,6 +22,13 @@ kernel's ``mask_for`` all-gathers the document ids of the whole sequence once pe
 each local query chunk attends in one kernel call to the keys up to its end under an additive
 mask of same-document, not-later positions (the CPU kernel, or CUDA's memory-efficient one, which
 take a bias). No query row is fully masked (a position sees itself), so no merge is needed.
+
+Sliding windows (gpt-oss) take the same one call, over only the keys from the window's start
+before the chunk (which may lie in chunks other ranks hold) to the chunk's end, under a mask of
+the window and, if any, the documents. Attention sinks (a logit per head in each softmax's
+denominator) join the merged result as one more log-sum-exp part with a zero output; backward
+then needs nothing new for the keys (the kernels take the final output and log-sum-exp), and the
+sinks' gradient is ``-sum exp(S - lse) (dout . out)``.
 """
 
 from __future__ import annotations
@@ -93,7 +100,7 @@ def _attention_forward(
             q, k, v, 0.0, causal, scale=scale
         )
         return out, lse, tuple(extra[:6])  # cum_seq_q/k, max_q/k, philox seed/offset
-    bias = None if bias is None else bias.expand(-1, q.shape[1], -1, -1)
+    bias = None if bias is None else bias.expand(q.shape[0], q.shape[1], -1, -1)
     out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
         q, k, v, bias, True, 0.0, causal, scale=scale
     )
@@ -138,7 +145,7 @@ def _attention_backward(
         )
     padded, seed, offset = extra
     lse = torch.nn.functional.pad(lse, (0, padded - lse.shape[-1]))
-    bias = None if bias is None else bias.expand(-1, q.shape[1], -1, -1)
+    bias = None if bias is None else bias.expand(q.shape[0], q.shape[1], -1, -1)
     # The 16-bit memory-efficient backward reads ``out`` in the layout its forward wrote
     # (``[B, T, H, D]`` memory): given a standard contiguous ``out`` its dq and dk were wrong
     # (measured on an H100: errors of 0.7 against 0.008).
@@ -198,68 +205,112 @@ def _heads_for_kernel(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x.repeat_interleave(n_rep, dim=1)
 
 
-def _document_bias(doc_ids: torch.Tensor, chunk: int, c: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive mask ``[B, 1, c, (chunk + 1) c]`` of sequence chunk ``chunk``'s queries over
-    the keys up to its end: 0 where the key is not later and in the same document, else -inf.
-    No row is all -inf (a query sees itself). The last dimension is allocated padded to a
-    multiple of 16, the alignment CUDA's memory-efficient kernel asks of a bias."""
-    q_pos = torch.arange(chunk * c, (chunk + 1) * c, device=doc_ids.device)
-    keys = (chunk + 1) * c
-    allowed = torch.arange(keys, device=doc_ids.device) <= q_pos[:, None]  # [c, keys]
-    allowed = allowed & (doc_ids[:, q_pos, None] == doc_ids[:, None, :keys])  # [B, c, keys]
-    padded = -(-keys // 16) * 16
-    bias = torch.empty(doc_ids.shape[0], 1, c, padded, dtype=dtype, device=doc_ids.device)
-    bias = bias[..., :keys]
+def _first_key(chunk: int, c: int, window: int | None) -> int:
+    """The first key any query of sequence chunk ``chunk`` sees: 0, or within its ``window``."""
+    return 0 if window is None else max(0, chunk * c - window + 1)
+
+
+def _mask_bias(
+    doc_ids: torch.Tensor | None,
+    chunk: int,
+    c: int,
+    window: int | None,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """The additive mask ``[B or 1, 1, c, keys]`` of sequence chunk ``chunk``'s queries over the
+    keys from :func:`_first_key` to the chunk's end: 0 where the key is not later, within the
+    ``window`` (if any: the query's last ``window`` keys, itself included) and in the same
+    document (if ``doc_ids``), else -inf. No row is all -inf (a query sees itself). The last
+    dimension is allocated padded to a multiple of 16, the alignment CUDA's memory-efficient
+    kernel asks of a bias."""
+    lo, hi = _first_key(chunk, c, window), (chunk + 1) * c
+    q_pos = torch.arange(chunk * c, hi, device=device)[:, None]
+    k_pos = torch.arange(lo, hi, device=device)
+    allowed = k_pos <= q_pos  # [c, keys]
+    if window is not None:
+        allowed = allowed & (k_pos > q_pos - window)
+    allowed = allowed.unsqueeze(0)
+    if doc_ids is not None:  # [B, c, keys]
+        allowed = allowed & (doc_ids[:, chunk * c : hi, None] == doc_ids[:, None, lo:hi])
+    padded = -(-(hi - lo) // 16) * 16
+    bias = torch.empty(allowed.shape[0], 1, c, padded, dtype=dtype, device=device)
+    bias = bias[..., : hi - lo]
     bias.copy_(torch.where(allowed, 0.0, float("-inf")).unsqueeze(1))
     return bias
 
 
-def _pieces(chunk: int, c: int, documents: bool) -> list[tuple[slice, bool]]:
+def _pieces(chunk: int, c: int, masked: bool, window: int | None) -> list[tuple[slice, bool]]:
     """The kernel calls of chunk ``chunk``'s queries: ``(keys, causal)`` each.
 
     Causal: a causal block over the chunk itself and, after the first chunk, a full block over
-    every chunk before it (merged through their log-sum-exp). Block-causal within ``documents``:
-    one call over the keys up to the chunk's end, under the document bias."""
-    if documents:
-        return [(slice(0, (chunk + 1) * c), False)]
+    every chunk before it (merged through their log-sum-exp). ``masked`` (documents or a
+    window): one call over the keys from :func:`_first_key` to the chunk's end, under
+    :func:`_mask_bias`."""
+    if masked:
+        return [(slice(_first_key(chunk, c, window), (chunk + 1) * c), False)]
     pieces = [(slice(chunk * c, (chunk + 1) * c), True)]
     if chunk > 0:
         pieces.append((slice(0, chunk * c), False))
     return pieces
 
 
+def _with_sinks(
+    out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention and its log-sum-exp with the sink logit ``sinks [H]`` joining each row's softmax
+    denominator: :func:`_merge` with a part of log-sum-exp ``S_h`` that adds nothing to the
+    output (``models/common/sink_window.py``)."""
+    sink = sinks.float().view(1, -1, 1).expand_as(lse)
+    return _merge(out, lse, torch.zeros_like(out), sink)
+
+
+def _sink_grad(
+    dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor
+) -> torch.Tensor:
+    """The gradient of the sinks: for each row ``-p_sink * (dout . out)``, with ``p_sink =
+    exp(S_h - lse)`` its probability, summed over the batch and positions of each head."""
+    p_sink = torch.exp(sinks.float().view(1, -1, 1) - lse)
+    d = (dout.float() * out.float()).sum(-1)
+    return -(p_sink * d).sum((0, 2)).to(sinks.dtype)
+
+
 class _AllGatherAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, doc_ids, group, cp, cp_rank, scale):  # type: ignore[override]
+    def forward(ctx, q, k, v, doc_ids, sinks, group, cp, cp_rank, scale, window):  # type: ignore[override]
         k_all, v_all = _gather_sequence(k, group, cp), _gather_sequence(v, group, cp)
         n_rep = q.shape[1] // k.shape[1]
         keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
         values = _padded_values(values, q.shape[-1])
         c = q.shape[2] // 2  # chunk length
+        masked = doc_ids is not None or window is not None
         outs, lses, extras, biases = [], [], [], []
         for slot, chunk in enumerate(chunk_ids(cp, cp_rank)):
             q_c = q[:, :, slot * c : (slot + 1) * c]
             merged, slot_extras = None, []
-            bias = None if doc_ids is None else _document_bias(doc_ids, chunk, c, q.dtype)
-            for at, causal in _pieces(chunk, c, doc_ids is not None):
+            bias = _mask_bias(doc_ids, chunk, c, window, q.dtype, q.device) if masked else None
+            for at, causal in _pieces(chunk, c, masked, window):
                 piece = _attention_forward(
                     q_c, keys[:, :, at], values[:, :, at], causal, bias, scale
                 )
                 merged = piece[:2] if merged is None else _merge(*merged, *piece[:2])
                 slot_extras.append(piece[2])
                 biases.append(bias)
+            if sinks is not None:
+                merged = _with_sinks(*merged, sinks)
             outs.append(merged[0])
             lses.append(merged[1])
             extras.append(slot_extras)
         out = torch.cat(outs, dim=2)
-        ctx.save_for_backward(q, k_all, v_all, out, torch.cat(lses, dim=2), doc_ids, *biases)
+        lse = torch.cat(lses, dim=2)
+        ctx.save_for_backward(q, k_all, v_all, out, lse, doc_ids, sinks, *biases)
         ctx.extras, ctx.group, ctx.cp, ctx.cp_rank = extras, group, cp, cp_rank
-        ctx.k_dtype, ctx.scale, ctx.v_dim = k.dtype, scale, v.shape[-1]
+        ctx.k_dtype, ctx.scale, ctx.v_dim, ctx.window = k.dtype, scale, v.shape[-1], window
         return out[..., : v.shape[-1]]
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k_all, v_all, out, lse, doc_ids, *biases = ctx.saved_tensors
+        q, k_all, v_all, out, lse, doc_ids, sinks, *biases = ctx.saved_tensors
         n_rep = q.shape[1] // k_all.shape[1]
         keys, values = _heads_for_kernel(k_all, n_rep), _heads_for_kernel(v_all, n_rep)
         values = _padded_values(values, q.shape[-1])
@@ -276,7 +327,7 @@ class _AllGatherAttention(torch.autograd.Function):
             # be read wrongly on CUDA, so every slice is made contiguous.
             dout_c, q_c, out_c, lse_c = (x[:, :, mine].contiguous() for x in (dout, q, out, lse))
             dq_c = torch.zeros(q_c.shape, dtype=torch.float32, device=q.device)
-            pieces = _pieces(chunk, c, doc_ids is not None)
+            pieces = _pieces(chunk, c, doc_ids is not None or ctx.window is not None, ctx.window)
             for (at, causal), extra in zip(pieces, ctx.extras[slot]):
                 bias = next(biases_left)
                 g_q, g_k, g_v = _attention_backward(
@@ -301,7 +352,8 @@ class _AllGatherAttention(torch.autograd.Function):
             dv = dv.unflatten(1, (-1, n_rep)).sum(2)
         dk = _scatter_grad(dk, ctx.group, ctx.cp, ctx.k_dtype)
         dv = _scatter_grad(dv, ctx.group, ctx.cp, ctx.k_dtype)
-        return dq, dk, dv, None, None, None, None, None
+        d_sinks = _sink_grad(dout, out, lse, sinks) if ctx.needs_input_grad[4] else None
+        return dq, dk, dv, None, d_sinks, None, None, None, None, None
 
 
 def _padded_values(v: torch.Tensor, qk_dim: int) -> torch.Tensor:
@@ -320,17 +372,23 @@ def all_gather_attention(
     group: dist.ProcessGroup,
     doc_ids: torch.Tensor | None = None,
     scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence's keys and values, or
     block-causal within documents when ``doc_ids [B, T]`` (the whole sequence's) are given.
 
     ``q [B, H, T/cp, D]``, ``k [B, H_kv, T/cp, D]``, ``v [B, H_kv, T/cp, Dv]`` (``Dv <= D``),
     each holding this rank's two chunks (``shard_sequence``); returns ``[B, H, T/cp, Dv]``.
-    ``scale``: the softmax scale (None: ``1 / sqrt(D)``). Functional collectives keep it
-    traceable by ``torch.compile``.
+    ``scale``: the softmax scale (None: ``1 / sqrt(D)``). ``sinks [H]``: a learned logit per
+    query head in each softmax's denominator; ``window``: each query sees its last ``window``
+    keys, itself included, wherever they are held (gpt-oss: ``models/common/sink_window.py``).
+    Functional collectives keep it traceable by ``torch.compile``.
     """
     cp, cp_rank = dist.get_world_size(group), dist.get_rank(group)
-    return _AllGatherAttention.apply(q, k, v, doc_ids, group.group_name, cp, cp_rank, scale)
+    return _AllGatherAttention.apply(
+        q, k, v, doc_ids, sinks, group.group_name, cp, cp_rank, scale, window
+    )
 
 
 class ContextParallelAttention(nn.Module):
@@ -340,9 +398,10 @@ class ContextParallelAttention(nn.Module):
         super().__init__()
         self.group = group
 
-    def mask_for(self, doc_ids: torch.Tensor) -> torch.Tensor:
+    def mask_for(self, doc_ids: torch.Tensor, windows: Any = ()) -> torch.Tensor:
         """The whole sequence's document ids (gathered once per forward) from this rank's
-        ``doc_ids [B, T/cp]``: every rank's attention needs those of all keys."""
+        ``doc_ids [B, T/cp]``: every rank's attention needs those of all keys. The layers'
+        ``windows`` are applied by each layer's call."""
         cp = dist.get_world_size(self.group)
         gathered = funcol.all_gather_tensor(doc_ids.contiguous(), 0, self.group.group_name)
         parts = funcol.wait_tensor(gathered).unflatten(0, (cp, doc_ids.shape[0]))
@@ -355,8 +414,12 @@ class ContextParallelAttention(nn.Module):
         v: torch.Tensor,
         mask: Any = None,
         scale: float | None = None,
+        sinks: torch.Tensor | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
-        return all_gather_attention(q, k, v, self.group, doc_ids=mask, scale=scale)
+        return all_gather_attention(
+            q, k, v, self.group, doc_ids=mask, scale=scale, sinks=sinks, window=window
+        )
 
 
 # ----------------------------------------------------------------------------- model

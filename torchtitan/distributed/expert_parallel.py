@@ -5,9 +5,9 @@ The MoE layer (``models/common/moe.py``) calls its experts as ``experts(x, count
 copies of its tokens sorted by expert, and ``counts [E]`` rows per expert. :class:`ExpertParallel`
 wraps that call and nothing else, so the layer's math is untouched:
 
-* the parameters ``w1``/``w2``/``w3`` ``[E, ...]`` become DTensors sharded on dim 0 over the EP
-  ranks (and, with the experts split over tensor parallel, on their hidden dim over the TP ranks
-  too: a 2-D mesh; whole experts under TP get their rows' share from ``SplitRoutedRows`` in
+* the parameters ``w1``/``w2``/``w3`` ``[E, ...]`` (and their biases, where the experts have
+  them) become DTensors sharded on dim 0 over the EP ranks (and, with the experts split over
+  tensor parallel, on their hidden dim over the TP ranks too, ``w2_bias`` whole: a 2-D mesh; whole experts under TP get their rows' share from ``SplitRoutedRows`` in
   ``tensor_parallel.py``, which runs before the dispatch);
 * before the call (**dispatch**): the ranks exchange their ``counts`` (one all-to-all of ``E``
   integers), send each rank the rows of its experts (``all_to_all_single`` with autograd: the
@@ -36,13 +36,21 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-__all__ = ["ExpertParallel", "exchange_counts", "regroup_index"]
+__all__ = ["EXPERT_WIDTH_DIMS", "ExpertParallel", "exchange_counts", "regroup_index"]
 
-# the hidden dim of each stacked expert weight, which tensor parallel shards
-_HIDDEN_DIM = {"w1": 1, "w3": 1, "w2": 2}
+# the hidden dim of each stacked expert parameter, which tensor parallel shards (None: the
+# parameter has none, and each rank holds it whole: the output bias)
+EXPERT_WIDTH_DIMS: dict[str, int | None] = {
+    "w1": 1,
+    "w3": 1,
+    "w2": 2,
+    "w1_bias": 1,
+    "w3_bias": 1,
+    "w2_bias": None,
+}
 
 
 def exchange_counts(
@@ -101,8 +109,11 @@ class ExpertParallel(ParallelStyle):
 
     @staticmethod
     def _partition(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
-        for pname, hidden in _HIDDEN_DIM.items():
-            placements = [Shard(0)] + ([Shard(hidden)] if mesh.ndim > 1 else [])
+        for pname, hidden in EXPERT_WIDTH_DIMS.items():
+            if getattr(module, pname) is None:  # experts without biases
+                continue
+            width = Replicate() if hidden is None else Shard(hidden)
+            placements = [Shard(0)] + ([width] if mesh.ndim > 1 else [])
             param = nn.Parameter(distribute_tensor(getattr(module, pname), mesh, placements))
             module.register_parameter(pname, param)
 

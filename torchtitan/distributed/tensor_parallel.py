@@ -31,6 +31,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from torchtitan.distributed.expert_parallel import EXPERT_WIDTH_DIMS
 from torchtitan.distributed.utils import waited
 from torchtitan.observability.log import logger
 from torchtitan.quantization import float8
@@ -154,16 +155,21 @@ def decoder_block_plan(styles: BlockStyles) -> dict[str, Any]:
     """The plan of the shared ``TransformerBlock`` (``models/common/blocks.py``), Megatron-style:
     column-wise wqkv/w1/w3 (``wqkv`` rows are grouped by kv head, so each rank gets whole groups
     of query, key and value heads), row-wise wo/w2 (their outputs reduce-scattered back to the
-    sequence-sharded ``Shard(1)`` activations), sequence-parallel norms. ``styles``
-    picks torchao's float8 style for float8 linears (``styles.block`` is the block)."""
+    sequence-sharded ``Shard(1)`` activations), sequence-parallel norms. Biases follow their
+    linears (``wqkv``'s split with its rows, ``wo``'s added once to the reduced sum) and the
+    attention sinks their query heads. ``styles`` picks torchao's float8 style for float8
+    linears (``styles.block`` is the block)."""
+    attention: ParallelStyle = styles.prepare_input(
+        "attention",
+        ("wqkv",),
+        input_layouts=(Shard(1), None, None),  # x, rope_cache, mask (None: causal)
+        desired_input_layouts=(Replicate(), None, None),
+    )
+    if getattr(styles.block.attention, "sinks", None) is not None:  # one per query head
+        attention = InOrder(attention, ShardParameters({"sinks": 0}))
     return {
         "attention_norm": SequenceParallel(),
-        "attention": styles.prepare_input(
-            "attention",
-            ("wqkv",),
-            input_layouts=(Shard(1), None, None),  # x, rope_cache, mask (None: causal)
-            desired_input_layouts=(Replicate(), None, None),
-        ),
+        "attention": attention,
         "attention.wqkv": styles.colwise("attention.wqkv"),
         "attention.wo": styles.rowwise("attention.wo", output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
@@ -194,8 +200,7 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
     """A mixture-of-experts ``moe`` (``models/common/moe.py``), experts split like a SwiGLU:
     the layer's input is all-gathered (every rank routes all the tokens of the sequence, with
     the router's weight replicated: the same choices and counts everywhere), each rank holds
-    every expert's slice of the hidden width (``w1``/``w3`` sharded on dim 1, ``w2`` on dim 2) and
-    the shared expert's, and the routed and shared outputs, partial sums over those slices, are
+    every expert's slice of the hidden width (:class:`SplitExpertWidth`) and the shared expert's, and the routed and shared outputs, partial sums over those slices, are
     added and reduce-scattered back to ``Shard(1)`` once. Float8 does not apply to the experts
     (grouped matmuls).
 
@@ -234,9 +239,28 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
 def _experts_style(experts: nn.Module, whole: bool) -> ParallelStyle:
     if whole:
         return SplitRoutedRows()
-    if isinstance(experts.w1, DTensor):  # expert parallel has sharded them, with TP (2-D mesh)
-        return SumGradOverTP()
-    return ShardParameters({"w1": 1, "w3": 1, "w2": 2}, sum_input_grad=True)
+    # expert parallel has sharded them already when it splits them with TP (a 2-D mesh)
+    return SplitExpertWidth(shard=not isinstance(experts.w1, DTensor))
+
+
+class SplitExpertWidth(ParallelStyle):
+    """Apply to an MoE layer's stacked experts on the TP mesh: each rank holds every expert's
+    slice of the hidden width (``EXPERT_WIDTH_DIMS``: ``w1``/``w3`` and their biases on their
+    hidden dim, ``w2`` on dim 2; ``w2_bias``, which is per output channel, whole), so its output
+    is a partial sum over the ranks. ``w2_bias`` enters that sum on the first rank only (the
+    experts' ``adds_output_bias``), and the gradient of the experts' input, a partial sum too,
+    is summed over the ranks. ``shard=False``: expert parallel has placed the parameters already
+    (on its 2-D mesh, the same dims)."""
+
+    def __init__(self, shard: bool = True) -> None:
+        super().__init__()
+        self.shard = shard
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if self.shard:
+            module = ShardParameters(EXPERT_WIDTH_DIMS)._apply(module, device_mesh)
+        module.adds_output_bias = device_mesh.get_local_rank() == 0
+        return SumGradOverTP()._apply(module, device_mesh)
 
 
 def row_share(rows: int, rank: int, size: int) -> tuple[int, int]:
@@ -321,24 +345,33 @@ class SumGradOverTP(ParallelStyle):
 
 
 class ShardParameters(ParallelStyle):
-    """The module's parameters as DTensors sharded on the given dims (``{name: dim}``); the
-    module computes with their local parts itself (inputs and outputs are left alone, but with
-    ``sum_input_grad`` the gradient of the first input is summed over the mesh)."""
+    """The module's own parameters as DTensors sharded on the given dims (``{name: dim}``, a
+    dim of None: replicated; a name the module has as None is skipped); the module computes with
+    their local parts itself (inputs and outputs are left alone)."""
 
-    def __init__(self, dims: dict[str, int], sum_input_grad: bool = False) -> None:
+    def __init__(self, dims: dict[str, int | None]) -> None:
         super().__init__()
         self.dims = dims
-        self.sum_input_grad = sum_input_grad
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        def partition(name: str, mod: nn.Module, mesh: DeviceMesh) -> None:
-            for pname, dim in self.dims.items():
-                param = nn.Parameter(distribute_tensor(getattr(mod, pname), mesh, [Shard(dim)]))
-                mod.register_parameter(pname, param)
+        for pname, dim in self.dims.items():
+            if getattr(module, pname) is not None:
+                placement = Replicate() if dim is None else Shard(dim)
+                param = distribute_tensor(getattr(module, pname), device_mesh, [placement])
+                module.register_parameter(pname, nn.Parameter(param))
+        return module
 
-        module = distribute_module(module, device_mesh, partition)
-        if self.sum_input_grad:
-            module = SumGradOverTP()._apply(module, device_mesh)
+
+class InOrder(ParallelStyle):
+    """Several styles on one module, applied in the order given."""
+
+    def __init__(self, *styles: ParallelStyle) -> None:
+        super().__init__()
+        self.styles = styles
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for style in self.styles:
+            module = style._apply(module, device_mesh)
         return module
 
 

@@ -250,12 +250,6 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
             f"parallelism.expert_parallel_degree: {dims.ep}, but this model has no experts; "
             "use 1 (or a mixture-of-experts model)"
         )
-    if moe is not None and moe.expert_linear_bias and max(dims.ep, dims.tp) > 1:
-        key = "expert_parallel_degree" if dims.ep > 1 else "tensor_parallel_degree"
-        raise ConfigError(
-            f"parallelism.{key}: {max(dims.ep, dims.tp)}, but the experts' biases "
-            "(moe.expert_linear_bias) are not split over expert- or tensor-parallel ranks yet; use 1"
-        )
     if moe is not None and moe.num_experts % dims.ep:
         raise ConfigError(
             f"parallelism.expert_parallel_degree: {dims.ep} does not divide the model's "

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from torchtitan.models.common.attention import CausalAttention
 from torchtitan.models.common.norms.rmsnorm import build_norm
@@ -57,6 +58,14 @@ def split_qkv(
     grouped = wqkv.unflatten(0, (n_kv_heads, n_rep + 2, -1))  # [G, n_rep + 2, D, ...]
     wq, wk, wv = grouped.split((n_rep, 1, 1), dim=1)
     return wq.flatten(0, 2), wk.flatten(0, 2), wv.flatten(0, 2)
+
+
+def local_part(w: torch.Tensor) -> torch.Tensor:
+    """A parameter a module computes with itself, not through ``nn.Linear`` (attention sinks,
+    stacked experts): a parallelism may have sharded it (a DTensor), and the module then computes
+    on this rank's part (its heads, its experts, its slice of a width) with its inputs' parts;
+    a plain tensor as it is."""
+    return w.to_local() if isinstance(w, DTensor) else w
 
 
 Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -115,7 +124,8 @@ class GroupedQueryAttention(nn.Module):
         # [B, T, G, r, D] -> [B, T, G * r, D] -> [B, heads, T, D]
         q, k, v = (t.flatten(2, 3).transpose(1, 2) for t in (xq, xk, xv))
         # only what is set: a kernel swapped in by a parallelism need not know the options
-        options: dict[str, Any] = {"sinks": self.sinks, "window": self.window, "scale": self.scale}
+        sinks = None if self.sinks is None else local_part(self.sinks)  # [heads] of this rank
+        options: dict[str, Any] = {"sinks": sinks, "window": self.window, "scale": self.scale}
         out = self.sdpa(q, k, v, mask, **{n: o for n, o in options.items() if o is not None})
         return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
 

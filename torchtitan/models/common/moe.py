@@ -45,9 +45,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from torchtitan.models.common.blocks import FeedForward, trunc_normal_
+from torchtitan.models.common.blocks import FeedForward, local_part, trunc_normal_
 from torchtitan.observability.log import logger
 
 __all__ = [
@@ -158,8 +157,8 @@ class TokenChoiceRouter(nn.Module):
         self, x: torch.Tensor, expert_bias: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         a = self.args
-        bias = None if self.gate.bias is None else _local(self.gate.bias)
-        logits = F.linear(x, _local(self.gate.weight), bias).float()
+        bias = None if self.gate.bias is None else local_part(self.gate.bias)
+        logits = F.linear(x, local_part(self.gate.weight), bias).float()
         scores = logits.softmax(dim=-1) if a.score_func == "softmax" else logits.sigmoid()
         if expert_bias is None and a.num_groups == 1:
             weights, experts = scores.topk(a.top_k, dim=-1)
@@ -306,7 +305,14 @@ class GroupedExperts(nn.Module):
     rows of ``x`` sorted by expert and ``counts [E]`` rows per expert (the local experts' rows
     only, when expert parallelism has sharded dim 0). ``args`` (a :class:`MoEArgs`, default
     plain SwiGLU) chooses the activation and whether each expert's projections have biases
-    ``w1_bias``/``w3_bias [E, hidden]`` and ``w2_bias [E, dim]``."""
+    ``w1_bias``/``w3_bias [E, hidden]`` and ``w2_bias [E, dim]``.
+
+    The module computes on its parameters' local parts (:func:`local_part`): which rows reach
+    which expert is data-dependent, beyond what DTensor can describe. Where a parallelism splits
+    the hidden width, each rank's output is a partial sum that it adds up; it then clears
+    ``adds_output_bias`` on all of those ranks but one, whose output alone carries ``w2_bias``.
+    The others still pass ``w2_bias`` its gradient (their forward adds ``b - b.detach()``, zero),
+    so every copy of it gets the whole gradient with no communication."""
 
     def __init__(
         self,
@@ -327,12 +333,14 @@ class GroupedExperts(nn.Module):
             self.w2_bias = nn.Parameter(torch.empty(num_experts, dim))
             self.w3_bias = nn.Parameter(torch.empty(num_experts, hidden_dim))
         self.grouped_mm = grouped_mm
+        self.adds_output_bias = True  # see the class doc
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        w = (_local(self.w1), _local(self.w2), _local(self.w3))
+        w = (local_part(self.w1), local_part(self.w2), local_part(self.w3))
         biases = None
         if self.w1_bias is not None:
-            biases = (_local(self.w1_bias), _local(self.w2_bias), _local(self.w3_bias))
+            b1, b2, b3 = (local_part(b) for b in (self.w1_bias, self.w2_bias, self.w3_bias))
+            biases = (b1, b2 if self.adds_output_bias else b2 - b2.detach(), b3)
         run = _swiglu_grouped if self.grouped_mm and _kernel_takes(x, w[0]) else _swiglu_loop
         return run(x, w, counts, self.args, biases)
 
@@ -343,13 +351,6 @@ class GroupedExperts(nn.Module):
         for b in (self.w1_bias, self.w2_bias, self.w3_bias):
             if b is not None:
                 nn.init.zeros_(b)
-
-
-def _local(w: torch.Tensor) -> torch.Tensor:
-    """A sharded parameter's local part (the experts this rank holds, their slice of the hidden
-    width); a plain one as it is. The layer computes on local tensors: which rows reach which
-    expert is data-dependent, beyond what DTensor can describe."""
-    return w.to_local() if isinstance(w, DTensor) else w
 
 
 class _AddAuxLossGrad(torch.autograd.Function):

@@ -15,12 +15,5 @@ register_model_spec(
         GptOssModel,
         gpt_oss_configs,
         GptOssStateDictAdapter,
-        not_yet={
-            "tp": "does not split the attention sinks and the projections' and experts' biases "
-            "over tensor-parallel ranks yet",
-            "ep": "does not shard the experts' biases over expert-parallel ranks yet",
-            "cp": "has attention sinks and sliding windows, which the context-parallel kernel "
-            "does not compute yet",
-        },
     )
 )
