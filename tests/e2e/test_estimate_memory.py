@@ -238,7 +238,15 @@ def test_expert_parallel_gathers_fewer_experts_at_the_same_world_size(tmp_path_f
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen3_moe_30b_a3b", "qwen3_moe_235b_a22b", "llama4_17bx16e", "llama4_17bx128e"]
+    "name",
+    [
+        "qwen3_moe_30b_a3b",
+        "qwen3_moe_235b_a22b",
+        "llama4_17bx16e",
+        "llama4_17bx128e",
+        "gpt_oss_20b",
+        "gpt_oss_120b",
+    ],
 )
 def test_published_moe_configs_split_their_experts_evenly(name):
     """On the world its estimate command names, each published MoE config gives every rank the

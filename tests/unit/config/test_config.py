@@ -308,6 +308,7 @@ def test_every_shipped_config_passes_preflight(path):
         "llama4_17bx16e.toml": 64,
         "llama4_17bx128e.toml": 256,
         "deepseek_v3_671b.toml": 512,
+        "gpt_oss_120b.toml": 64,
     }
     world_size = world.get(path.name, 8)
     plan = plan_job(cfg, world_size=world_size)
