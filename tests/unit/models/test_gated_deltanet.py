@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torchtitan.models.common.gated_deltanet import (
     GatedDeltaNet,
     causal_conv,
+    document_starts,
     gated_delta_chunked,
     gated_delta_recurrent,
     l2_normalize,
@@ -41,12 +42,6 @@ def _documents(t: int, starts: list[list[int]]) -> torch.Tensor:
     return ids
 
 
-def _resets(doc_ids: torch.Tensor) -> torch.Tensor:
-    resets = torch.zeros_like(doc_ids, dtype=torch.bool)
-    resets[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-    return resets
-
-
 def _grads(
     out: torch.Tensor, state: torch.Tensor, leaves: list[torch.Tensor]
 ) -> list[torch.Tensor]:
@@ -74,7 +69,7 @@ def test_chunked_equals_recurrent_in_values_and_gradients(t, chunk, documents):
     state = torch.randn(B, H, DK, DV, requires_grad=True)
     resets = None
     if documents:
-        resets = _resets(_documents(t, [[3, 8, 10], [t // 2]]))
+        resets = document_starts(_documents(t, [[3, 8, 10], [t // 2]]))
     ref_out, ref_state = gated_delta_recurrent(*leaves, state=state, resets=resets)
     out, final = gated_delta_chunked(*leaves, chunk_size=chunk, state=state, resets=resets)
     _close([out, final], [ref_out, ref_state], 1e-5)
@@ -87,7 +82,9 @@ def test_a_document_sees_nothing_of_the_one_before():
     t, starts = 40, [[5, 21], [17]]
     doc_ids = _documents(t, starts)
     q, k, v, g, beta = (x.detach() for x in _inputs(t))
-    out, final = gated_delta_chunked(q, k, v, g, beta, chunk_size=8, resets=_resets(doc_ids))
+    out, final = gated_delta_chunked(
+        q, k, v, g, beta, chunk_size=8, resets=document_starts(doc_ids)
+    )
     for row, positions in enumerate(starts):
         bounds = [0, *positions, t]
         for lo, hi in zip(bounds, bounds[1:]):
@@ -105,7 +102,7 @@ def test_a_sequence_continues_from_its_first_parts_state_and_convolution_tail():
     t, cut, kernel = 48, 20, 4
     leaves = [x.detach() for x in _inputs(t)]
     doc_ids = _documents(t, [[14, 26], [cut]])
-    resets = _resets(doc_ids)
+    resets = document_starts(doc_ids)
     whole, whole_state = gated_delta_chunked(*leaves, chunk_size=8, resets=resets)
     first = [x[:, :cut] for x in leaves]
     _, state = gated_delta_chunked(*first, chunk_size=8, resets=resets[:, :cut])

@@ -37,8 +37,11 @@ from torch import nn
 from torchtitan.models.common.blocks import trunc_normal_
 
 __all__ = [
+    "CausalConv",
+    "DeltaRule",
     "GatedDeltaNet",
     "causal_conv",
+    "document_starts",
     "gated_delta_chunked",
     "gated_delta_recurrent",
     "gated_rms_norm",
@@ -199,6 +202,37 @@ def gated_rms_norm(
     return (weight * normed * F.silu(gate.float())).to(x.dtype)
 
 
+class CausalConv(nn.Module):
+    """:func:`causal_conv` as a module (``forward(x, weight, doc_ids)``), so that a parallelism
+    may swap in a version that continues each part of a sequence from the part before it."""
+
+    def forward(
+        self, x: torch.Tensor, weight: torch.Tensor, doc_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return causal_conv(x, weight, doc_ids)
+
+
+class DeltaRule(nn.Module):
+    """:func:`gated_delta_chunked` over whole sequences, documents reset at their starts
+    (``forward(q, k, v, g, beta, doc_ids) -> out``); a parallelism may swap it too."""
+
+    def __init__(self, chunk_size: int = 64) -> None:
+        super().__init__()
+        self.chunk_size = chunk_size
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        doc_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        resets = None if doc_ids is None else document_starts(doc_ids)
+        return gated_delta_chunked(q, k, v, g, beta, self.chunk_size, resets=resets)[0]
+
+
 class GatedRMSNorm(nn.Module):
     """:func:`gated_rms_norm` with its ``weight [dim]`` (initialized to ones)."""
 
@@ -248,7 +282,7 @@ class GatedDeltaNet(nn.Module):
                 f"n_key_heads ({n_key_heads})"
             )
         r = n_value_heads // n_key_heads
-        self.dk, self.dv, self.r, self.chunk_size = key_head_dim, value_head_dim, r, chunk_size
+        self.dk, self.dv, self.r = key_head_dim, value_head_dim, r
         self.in_proj_qkvz = nn.Linear(
             dim, n_key_heads * (2 * key_head_dim + 2 * r * value_head_dim), bias=False
         )
@@ -259,6 +293,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(n_value_heads))
         self.norm = GatedRMSNorm(value_head_dim, norm_eps)
         self.out_proj = nn.Linear(n_value_heads * value_head_dim, dim, bias=False)
+        self.conv, self.rule = CausalConv(), DeltaRule(chunk_size)  # no parameters
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``qkv [B, T, G (2 Dk + r Dv)]`` (grouped, before the convolution), ``z [B, T, H, Dv]``,
@@ -286,10 +321,8 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         qkv, z, b, a = self.project(x)
-        qkv = causal_conv(qkv, self.conv_weight, doc_ids)
-        q, k, v, g, beta = self.rule_inputs(qkv, b, a)
-        resets = None if doc_ids is None else _document_starts(doc_ids)
-        out, _ = gated_delta_chunked(q, k, v, g, beta, self.chunk_size, resets=resets)
+        qkv = self.conv(qkv, self.conv_weight, doc_ids)
+        out = self.rule(*self.rule_inputs(qkv, b, a), doc_ids)
         out = self.norm(out, z)
         return self.out_proj(out.flatten(-2))
 
@@ -308,7 +341,7 @@ class GatedDeltaNet(nn.Module):
         self.norm.weight.fill_(1.0)
 
 
-def _document_starts(doc_ids: torch.Tensor) -> torch.Tensor:
+def document_starts(doc_ids: torch.Tensor) -> torch.Tensor:
     """``[B, T]`` bool: where a document starts (a position whose id differs from the one
     before; the first position is not marked: the state is empty there anyway)."""
     starts = torch.zeros_like(doc_ids, dtype=torch.bool)
