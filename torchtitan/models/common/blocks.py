@@ -82,10 +82,12 @@ class GroupedQueryAttention(nn.Module):
     counts are read from the projected shape, so tensor parallelism may shard ``wqkv``
     column-wise into whole groups (its degree divides ``n_kv_heads``) and ``wo`` row-wise.
 
-    Options (gpt-oss uses all four; the others none): ``bias`` on ``wqkv`` and ``wo``;
+    Options (gpt-oss uses the first four; the others none): ``bias`` on ``wqkv`` and ``wo``;
     ``sinks``, a learned logit per query head in each softmax's denominator; ``window``, each
     query sees its last ``window`` keys (itself included); ``scale``, the softmax scale (default
-    ``1 / sqrt(head_dim)``).
+    ``1 / sqrt(head_dim)``). ``gated`` (Qwen3-Next): each query head has an output gate,
+    projected with it (``wqkv`` rows per query head: its query, then its gate), and the head's
+    output is multiplied by ``sigmoid(gate)`` before ``wo``.
     """
 
     def __init__(
@@ -100,26 +102,41 @@ class GroupedQueryAttention(nn.Module):
         sinks: bool = False,
         window: int | None = None,
         scale: float | None = None,
+        gated: bool = False,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.n_rep = n_heads // n_kv_heads
         self.rotary = rotary
-        self.wqkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+        self.gated = gated
+        q_rows = 2 * n_heads if gated else n_heads
+        self.wqkv = nn.Linear(dim, (q_rows + 2 * n_kv_heads) * head_dim, bias=bias)
         self.wo = nn.Linear(n_heads * head_dim, dim, bias=bias)
         self.sinks = nn.Parameter(torch.empty(n_heads)) if sinks else None
         self.window, self.scale = window, scale
         self.sdpa = CausalAttention()
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Queries ``[B, T, G, H / G, D]``, keys and values ``[B, T, G, 1, D]`` (views)."""
-        qkv = self.wqkv(x).unflatten(-1, (-1, self.n_rep + 2, self.head_dim))
-        return qkv.split((self.n_rep, 1, 1), dim=3)
+        """Queries ``[B, T, G, H / G, D]``, keys and values ``[B, T, G, 1, D]`` (views); with
+        ``gated``, the gates ``[B, T, G, H / G, D]`` too, last."""
+        q_rows = 2 * self.n_rep if self.gated else self.n_rep
+        qkv = self.wqkv(x).unflatten(-1, (-1, q_rows + 2, self.head_dim))
+        q, k, v = qkv.split((q_rows, 1, 1), dim=3)
+        if not self.gated:
+            return q, k, v
+        q_gate = q.unflatten(3, (self.n_rep, 2))
+        return q_gate[..., 0, :], k, v, q_gate[..., 1, :]
 
     def attend(
-        self, xq: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor, mask: Any = None
+        self,
+        xq: torch.Tensor,
+        xk: torch.Tensor,
+        xv: torch.Tensor,
+        mask: Any = None,
+        gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention over the grouped heads (under the document ``mask``, if any), then ``wo``."""
+        """Attention over the grouped heads (under the document ``mask``, if any), each head's
+        output times ``sigmoid(gate)`` (if given), then ``wo``."""
         bsz, seq_len = xq.shape[:2]
         # [B, T, G, r, D] -> [B, T, G * r, D] -> [B, heads, T, D]
         q, k, v = (t.flatten(2, 3).transpose(1, 2) for t in (xq, xk, xv))
@@ -127,7 +144,10 @@ class GroupedQueryAttention(nn.Module):
         sinks = None if self.sinks is None else local_part(self.sinks)  # [heads] of this rank
         options: dict[str, Any] = {"sinks": sinks, "window": self.window, "scale": self.scale}
         out = self.sdpa(q, k, v, mask, **{n: o for n, o in options.items() if o is not None})
-        return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
+        out = out.transpose(1, 2)  # [B, T, heads, D]
+        if gate is not None:
+            out = out * torch.sigmoid(gate.flatten(2, 3))
+        return self.wo(out.reshape(bsz, seq_len, -1))
 
     def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, mask: Any = None) -> torch.Tensor:
         xq, xk, xv = self.project(x)
@@ -181,9 +201,10 @@ class TransformerBlock(nn.Module):
         self.layer_id = layer_id
         self.n_layers = args.n_layers
         self.depth_init = args.depth_init
-        self.attention_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
+        zero_centered = getattr(args, "zero_centered_norms", False)
+        self.attention_norm = build_norm(args.norm_type, args.dim, args.norm_eps, zero_centered)
         self.attention = attention
-        self.ffn_norm = build_norm(args.norm_type, args.dim, args.norm_eps)
+        self.ffn_norm = build_norm(args.norm_type, args.dim, args.norm_eps, zero_centered)
         moe_args = getattr(args, "moe", None)
         if moe_args is not None and moe_args.is_moe_layer(layer_id):
             from torchtitan.models.common.moe import MoE  # moe imports this module

@@ -77,6 +77,8 @@ class MoEArgs:
     route_scale: float = 1.0  # the top-k weights times this
     score_before_experts: bool = False  # weight scales the expert's input (Llama 4), not output
     shared_hidden_dim: int = 0  # the shared expert's SwiGLU width; 0: no shared expert
+    # Qwen3-Next: the shared expert's output times sigmoid(a linear of the token) [shared_expert_gate]
+    shared_gate: bool = False
     # group-limited routing (DeepSeek-V3): the experts form num_groups groups [n_group]; a token
     # chooses among the experts of its topk_groups best groups [topk_group], a group ranked by
     # the sum of its two best (biased) scores. 1 group: every expert.
@@ -381,6 +383,11 @@ class MoE(nn.Module):
         self.shared_experts = (
             FeedForward(dim, args.shared_hidden_dim) if args.shared_hidden_dim > 0 else None
         )
+        self.shared_gate = (
+            nn.Linear(dim, 1, bias=False)
+            if args.shared_gate and self.shared_experts is not None
+            else None
+        )
         # persistent: the routing a checkpoint resumes with; zero unless load balancing moves it
         self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
         # the tokens routed to each expert, and the auxiliary loss's sum over sequences and the
@@ -401,7 +408,10 @@ class MoE(nn.Module):
             self.tokens_per_expert.add_(counts)
         out = self.routed(flat, weights, experts, counts)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(flat)
+            shared = self.shared_experts(flat)
+            if self.shared_gate is not None:
+                shared = shared * torch.sigmoid(self.shared_gate(flat))
+            out = out + shared
         out = out.reshape(bsz, seq_len, dim)
         if self.args.aux_loss_coeff > 0 and self.training:
             aux = self.aux_loss(scores.view(bsz, seq_len, -1), experts.view(bsz, seq_len, -1))
@@ -444,6 +454,8 @@ class MoE(nn.Module):
         self.experts.init_weights(init_std)
         if self.shared_experts is not None:
             self.shared_experts.init_weights(init_std)
+        if self.shared_gate is not None:
+            trunc_normal_(self.shared_gate.weight, std=0.02)
         for buf in (self.expert_bias, self.tokens_per_expert, self.aux_loss_sum):
             if not buf.is_meta:
                 buf.zero_()

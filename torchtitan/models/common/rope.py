@@ -94,6 +94,21 @@ def apply_half_split(
     return rotate(xq), rotate(xk)
 
 
+def apply_partial_half_split(
+    xq: torch.Tensor, xk: torch.Tensor, table: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_half_split` on the first ``table.shape[-1]`` channels of each head only (the
+    rest pass unrotated: ``partial_rotary_factor``, Qwen3-Next rotates a quarter of each head)."""
+    width = table.shape[-1]
+    if width == xq.shape[-1]:
+        return apply_half_split(xq, xk, table)
+    q_rot, k_rot = apply_half_split(xq[..., :width], xk[..., :width], table)
+    return (
+        torch.cat([q_rot, xq[..., width:]], dim=-1),
+        torch.cat([k_rot, xk[..., width:]], dim=-1),
+    )
+
+
 def yarn_inv_freqs(
     head_dim: int,
     theta: float,

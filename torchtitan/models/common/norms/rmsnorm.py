@@ -35,6 +35,7 @@ __all__ = [
     "RMSNorm",
     "CompiledRMSNorm",
     "FusedRMSNorm",
+    "ZeroCenteredRMSNorm",
     "build_norm",
     "on_local_rows",
 ]
@@ -131,12 +132,36 @@ class FusedRMSNorm(RMSNorm):
         return fused_rms_norm(x, self.weight, self.eps)
 
 
+class ZeroCenteredRMSNorm(RMSNorm):
+    """RMSNorm whose learned scale is ``1 + weight``, ``weight`` starting at zero (Qwen3-Next,
+    so that weight decay pulls the scale to one, not to zero). As ``transformers``'
+    ``Qwen3NextRMSNorm``: normalized and scaled in float32, rounded once at the end. A different
+    parameter from :class:`RMSNorm`'s (its zero is their one): a model chooses it by its
+    architecture, not ``norm_type``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+
+
 _NORMS = {"rmsnorm": RMSNorm, "compiled_rmsnorm": CompiledRMSNorm, "fused_rmsnorm": FusedRMSNorm}
 NORM_TYPES = tuple(_NORMS)
 
 
-def build_norm(norm_type: str, dim: int, eps: float) -> RMSNorm:
-    """The RMSNorm implementation ``norm_type`` (one of :data:`NORM_TYPES`) names."""
+def build_norm(norm_type: str, dim: int, eps: float, zero_centered: bool = False) -> RMSNorm:
+    """The RMSNorm implementation ``norm_type`` (one of :data:`NORM_TYPES`) names; with
+    ``zero_centered``, :class:`ZeroCenteredRMSNorm` (its reference implementation only)."""
     if norm_type not in _NORMS:
         raise ValueError(f"norm_type {norm_type!r} is not one of: {', '.join(NORM_TYPES)}")
+    if zero_centered:
+        if norm_type != "rmsnorm":
+            raise ValueError(
+                f"norm_type {norm_type!r}: this model's norms are zero-centered, which only "
+                "norm_type 'rmsnorm' implements; use it"
+            )
+        return ZeroCenteredRMSNorm(dim, eps=eps)
     return _NORMS[norm_type](dim, eps=eps)

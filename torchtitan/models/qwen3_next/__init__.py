@@ -1,0 +1,28 @@
+"""Qwen3-Next: 80B-A3B, registered as the ``qwen3_next`` family."""
+
+from __future__ import annotations
+
+from torchtitan.models.qwen3_next.flavors import qwen3_next_configs
+from torchtitan.models.qwen3_next.hf_adapter import Qwen3NextStateDictAdapter
+from torchtitan.models.qwen3_next.model import Qwen3NextModel, Qwen3NextModelArgs
+from torchtitan.models.spec import ModelSpec, register_model_spec
+
+__all__ = ["Qwen3NextModel", "Qwen3NextModelArgs", "qwen3_next_configs"]
+
+register_model_spec(
+    ModelSpec(
+        "qwen3_next",
+        Qwen3NextModel,
+        qwen3_next_configs,
+        Qwen3NextStateDictAdapter,
+        not_yet={
+            "tp": "does not split the linear-attention heads and the shared expert's gate over "
+            "tensor-parallel ranks yet",
+            "cp": "does not hand the linear-attention layers' state across context-parallel "
+            "ranks in training yet",
+            "pp": "does not pass the linear-attention layers' document ids between pipeline "
+            "stages yet",
+            "ep": "is not checked under expert parallel yet",
+        },
+    )
+)
