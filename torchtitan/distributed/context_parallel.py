@@ -426,8 +426,15 @@ class ContextParallelAttention(nn.Module):
 
 
 def apply_cp(model: nn.Module, cp_mesh: Any) -> None:
-    """Swap every block's attention kernel for the all-gather one and give each block the rotary
-    table rows of the positions this rank holds."""
+    """Swap every block's attention kernel for the all-gather one (a linear-attention block's
+    convolution and delta rule for the ones that continue across chunks:
+    ``context_parallel_linear.py``) and give each block the rotary table rows of the positions
+    this rank holds."""
+    from torchtitan.distributed.context_parallel_linear import (  # it imports this module
+        ContextParallelConv,
+        ContextParallelDeltaRule,
+    )
+
     group, cp, cp_rank = cp_mesh.get_group(), cp_mesh.size(), cp_mesh.get_local_rank()
 
     def local_positions(module: nn.Module, args: tuple) -> tuple:
@@ -436,5 +443,10 @@ def apply_cp(model: nn.Module, cp_mesh: Any) -> None:
         return x, shard_sequence(rope_cache[:seq_len], cp, cp_rank, dim=0), *rest
 
     for block in model.layers.values():
-        block.attention.sdpa = ContextParallelAttention(group)
-        block.attention.register_forward_pre_hook(local_positions)
+        mixer = block.attention
+        if hasattr(mixer, "rule"):  # linear attention (models/common/gated_deltanet.py)
+            mixer.conv = ContextParallelConv(group)
+            mixer.rule = ContextParallelDeltaRule(group, mixer.rule.chunk_size)
+        else:
+            mixer.sdpa = ContextParallelAttention(group)
+        mixer.register_forward_pre_hook(local_positions)

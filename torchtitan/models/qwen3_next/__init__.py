@@ -18,11 +18,6 @@ register_model_spec(
         not_yet={
             "tp": "does not split the linear-attention heads and the shared expert's gate over "
             "tensor-parallel ranks yet",
-            "cp": "does not hand the linear-attention layers' state across context-parallel "
-            "ranks in training yet",
-            "pp": "does not pass the linear-attention layers' document ids between pipeline "
-            "stages yet",
-            "ep": "is not checked under expert parallel yet",
         },
     )
 )

@@ -23,11 +23,14 @@ from torchtitan.models.qwen3_next.model import Qwen3NextModelArgs, qwen3_next_mo
 __all__ = ["qwen3_next_configs"]
 
 qwen3_next_configs: dict[str, Qwen3NextModelArgs] = {
-    # Tiny, for CPU runs and tests: 4 layers (3 linear, then 1 full), 8 experts top-2 with a
-    # gated shared expert; head_dim 64 with a quarter rotated, as published.
+    # Tiny, for CPU runs and tests: 4 layers, linear and full attention alternating (every
+    # other layer full, not every fourth: the layout suites cut the model to 2 blocks and keep
+    # one of each), 8 experts top-2 with a gated shared expert; head_dim 64 with a quarter
+    # rotated, as published.
     "debugmodel": Qwen3NextModelArgs(
         dim=256,
         n_layers=4,
+        full_attention_interval=2,
         n_heads=4,
         n_kv_heads=2,
         head_dim=64,
