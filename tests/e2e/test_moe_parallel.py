@@ -256,6 +256,9 @@ def test_muon_state_of_the_experts_resumes_under_another_expert_parallel_degree(
                 "deepseek_v3",
                 "deepseek_v3@q_lora_rank=0",
                 "gpt_oss@sliding_window=8",
+                # Qwen3-Next: linear-attention heads split by key-head group, the gated output
+                # norm by head, the shared expert's gate
+                "qwen3_next",
             ],
         ),
         ("inductor", ["llama4"]),

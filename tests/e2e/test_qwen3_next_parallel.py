@@ -1,4 +1,4 @@
-"""Qwen3-Next under every parallelism built so far trains the same numbers as one process.
+"""Qwen3-Next under every parallelism trains the same numbers as one process.
 
 Like ``test_gpt_oss_parallel.py``: the qwen3_next debug flavor cut to 2 blocks (a Gated DeltaNet
 linear-attention layer, then a gated softmax-attention one; 8 experts top-2 and a gated shared
@@ -28,6 +28,8 @@ from repo_paths import ROOT
 STEPS, COMMON = EQUIVALENCE_STEPS, LAYOUT_SUITE_ARGS
 CONFIG = str(ROOT / "train_configs" / "qwen3_next_debug.toml")
 BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal"]
+TP2 = ["--parallelism.tensor_parallel_degree", "2"]
+ETP2 = ["--parallelism.expert_tensor_parallel_degree", "2"]
 CP2 = ["--parallelism.context_parallel_degree", "2"]
 CP4 = ["--parallelism.context_parallel_degree", "4"]
 _batch = local_batch
@@ -48,6 +50,12 @@ LAYOUTS = {
     "cp2_block_causal": (2, [*CP2, *BLOCK_CAUSAL, *_batch(8)]),
     # 8 chunks of 8: every state handed across ranks, twice per rank
     "cp4": (4, [*CP4, *_batch(8)]),
+    # the linear layer split by key-head group, the softmax one by kv group with its gates
+    "tp2": (2, [*TP2, *_batch(8)]),
+    # the experts split over EP and TP at once, the rest FSDP over the 2 data-parallel ranks
+    "ep2_tp2": (4, [*expert_parallel(2), *TP2, *ETP2, *_batch(4)]),
+    # each rank's heads of its chunks: states handed across CP ranks, per TP rank
+    "cp2_tp2": (4, [*CP2, *TP2, *_batch(8)]),
 }
 
 

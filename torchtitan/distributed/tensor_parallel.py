@@ -233,6 +233,9 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
             "moe.shared_experts.w3": ColwiseParallel(input_layouts=Replicate()),
             "moe.shared_experts.w2": RowwiseParallel(output_layouts=Partial()),
         }
+    if getattr(block.moe, "shared_gate", None) is not None:
+        # it scales the shared expert's partial sums: its output's gradient is one too
+        plan["moe.shared_gate"] = InOrder(ReplicateParameters(), SumGradOverTP(output=True))
     return plan
 
 
@@ -324,8 +327,8 @@ def sum_grad_over(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
 
 
 class SumGradOverTP(ParallelStyle):
-    """Sums over the TP ranks the gradient of the module's first input, or (``output``) of the
-    first element of its output tuple; parameters and values are left alone."""
+    """Sums over the TP ranks the gradient of the module's first input, or (``output``) of its
+    output (the first element of an output tuple); parameters and values are left alone."""
 
     def __init__(self, output: bool = False) -> None:
         super().__init__()
@@ -334,9 +337,13 @@ class SumGradOverTP(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         # plain hooks: expert parallel may have distributed the module already (once only)
         if self.output:
-            module.register_forward_hook(
-                lambda mod, inputs, out: (sum_grad_over(out[0], device_mesh), *out[1:])
-            )
+
+            def summed(mod: nn.Module, inputs: Any, out: Any) -> Any:
+                if isinstance(out, torch.Tensor):
+                    return sum_grad_over(out, device_mesh)
+                return (sum_grad_over(out[0], device_mesh), *out[1:])
+
+            module.register_forward_hook(summed)
         else:
             module.register_forward_pre_hook(
                 lambda mod, inputs: (sum_grad_over(inputs[0], device_mesh), *inputs[1:])
@@ -360,6 +367,26 @@ class ShardParameters(ParallelStyle):
                 param = distribute_tensor(getattr(module, pname), device_mesh, [placement])
                 module.register_parameter(pname, nn.Parameter(param))
         return module
+
+
+class HeadShardedNorm(SequenceParallel):
+    """A norm applied to each head by itself, with one replicated scale, that takes several
+    per-head inputs (a gated norm: the values and their gates): like the QK norms'
+    ``SequenceParallel(sequence_dim=head_dim)``, every tensor input is this rank's heads of a
+    ``Shard(head_dim)`` DTensor and the output goes back local. The scale's gradient covers this
+    rank's heads; DTensor sums it over the TP ranks."""
+
+    def __init__(self, head_dim: int = 2) -> None:
+        super().__init__(sequence_dim=head_dim, use_local_output=True)
+
+    @staticmethod
+    def _prepare_input_fn(sequence_sharding, mod, inputs, device_mesh):  # type: ignore[override]
+        return tuple(
+            DTensor.from_local(x, device_mesh, sequence_sharding, run_check=False)
+            if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+            else x
+            for x in inputs
+        )
 
 
 class InOrder(ParallelStyle):

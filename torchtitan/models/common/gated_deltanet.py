@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchtitan.models.common.blocks import trunc_normal_
+from torchtitan.models.common.blocks import local_part, trunc_normal_
 
 __all__ = [
     "CausalConv",
@@ -316,12 +316,13 @@ class GatedDeltaNet(nn.Module):
         k = l2_normalize(k.float())
         q, k = (t.repeat_interleave(r, dim=2) for t in (q, k))
         v = v.reshape(*v.shape[:2], -1, dv)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        a_log, dt_bias = local_part(self.A_log), local_part(self.dt_bias)  # this rank's heads
+        g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
         return q, k, v, g, torch.sigmoid(b.float())
 
     def forward(self, x: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         qkv, z, b, a = self.project(x)
-        qkv = self.conv(qkv, self.conv_weight, doc_ids)
+        qkv = self.conv(qkv, local_part(self.conv_weight), doc_ids)
         out = self.rule(*self.rule_inputs(qkv, b, a), doc_ids)
         out = self.norm(out, z)
         return self.out_proj(out.flatten(-2))

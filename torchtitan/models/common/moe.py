@@ -371,6 +371,17 @@ class _AddAuxLossGrad(torch.autograd.Function):
         return grad, aux_grad, None
 
 
+class SharedGate(nn.Linear):
+    """The shared expert's gate logit ``[N, 1]`` (Qwen3-Next), computed like the router's on
+    the weight's local copy (a parallelism may have replicated it as a DTensor)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, local_part(self.weight))
+
+
 class MoE(nn.Module):
     """The MoE feed-forward: ``forward(x [B, T, dim]) -> [B, T, dim]`` (see the module doc)."""
 
@@ -384,9 +395,7 @@ class MoE(nn.Module):
             FeedForward(dim, args.shared_hidden_dim) if args.shared_hidden_dim > 0 else None
         )
         self.shared_gate = (
-            nn.Linear(dim, 1, bias=False)
-            if args.shared_gate and self.shared_experts is not None
-            else None
+            SharedGate(dim) if args.shared_gate and self.shared_experts is not None else None
         )
         # persistent: the routing a checkpoint resumes with; zero unless load balancing moves it
         self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)

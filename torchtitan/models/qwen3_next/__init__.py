@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchtitan.models.qwen3_next.block_plan import block_plan
 from torchtitan.models.qwen3_next.flavors import qwen3_next_configs
 from torchtitan.models.qwen3_next.hf_adapter import Qwen3NextStateDictAdapter
 from torchtitan.models.qwen3_next.model import Qwen3NextModel, Qwen3NextModelArgs
@@ -15,9 +16,6 @@ register_model_spec(
         Qwen3NextModel,
         qwen3_next_configs,
         Qwen3NextStateDictAdapter,
-        not_yet={
-            "tp": "does not split the linear-attention heads and the shared expert's gate over "
-            "tensor-parallel ranks yet",
-        },
+        block_plan=block_plan,
     )
 )
