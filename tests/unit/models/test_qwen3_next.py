@@ -167,3 +167,18 @@ def test_the_published_flavor_has_the_model_cards_size():
     assert abs(total / 80e9 - 1) < 0.01
     params, flops = get_nparams_and_flops(model, args, seq_len=4096)
     assert params == total and flops > 0
+
+
+def test_flops_count_the_linear_layers_at_a_cost_that_does_not_grow_with_the_sequence():
+    """80B-A3B: 36 linear layers at 6 x 32 heads x (2 C dk + C (dk + dv) / 2 + C dv + 3 dk dv)
+    = 15,728,640 FLOPs per token each (C 64, dk = dv = 128), and 12 gated softmax layers at
+    ``6 T n_heads head_dim``; doubling the sequence adds only the softmax layers' share."""
+    args = qwen3_next_configs["80B-A3B"]
+    with torch.device("meta"):
+        model = Qwen3NextModel(args)
+    per_layer = args.mixer_flops(4096)
+    assert per_layer.count(15_728_640) == 36
+    assert sorted(set(per_layer)) == [15_728_640, 6 * 4096 * 16 * 256]
+    _, at_4k = get_nparams_and_flops(model, args, seq_len=4096)
+    _, at_8k = get_nparams_and_flops(model, args, seq_len=8192)
+    assert at_8k - at_4k == 12 * 6 * 16 * 256 * 4096

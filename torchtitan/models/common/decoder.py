@@ -245,7 +245,8 @@ def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[in
         layer forward for full attention over query width ``w = n_heads * head_dim`` (``dim``
         for Llama), halved for causal attention, times 3 for forward plus backward:
         ``6 * T * w`` per layer. Grouped-query attention does not change it (every query head
-        still attends over T keys of width head_dim).
+        still attends over T keys of width head_dim). A family whose layers differ in kind
+        (linear attention) gives each layer's term itself: ``args.mixer_flops(seq_len)``.
 
     ``args.n_layers`` and the widths are used for the attention term, so a pipeline stage's
     model still reports the whole model's FLOPs; its parameter count is its own.
@@ -269,13 +270,17 @@ def get_nparams_and_flops(model: nn.Module, args: Any, seq_len: int) -> tuple[in
     attention_width = args.n_heads * args.head_dim
     n_mtp = getattr(args, "num_mtp_layers", 0)
     matmul_params += n_mtp * args.dim * args.vocab_size  # each depth's logits
-    windows = getattr(args, "attention_windows", lambda: [None] * args.n_layers)()
-    attention = sum(_attention_flops(attention_width, seq_len, w) for w in windows)
-    attention += n_mtp * _attention_flops(attention_width, seq_len, None)
+    mixer_flops = getattr(args, "mixer_flops", None)  # a family whose layers differ in kind
+    if mixer_flops is not None:
+        attention = sum(mixer_flops(seq_len))
+    else:
+        windows = getattr(args, "attention_windows", lambda: [None] * args.n_layers)()
+        attention = sum(attention_flops(attention_width, seq_len, w) for w in windows)
+    attention += n_mtp * attention_flops(attention_width, seq_len, None)
     return nparams, int(6 * matmul_params + attention)
 
 
-def _attention_flops(width: int, seq_len: int, window: int | None) -> float:
+def attention_flops(width: int, seq_len: int, window: int | None = None) -> float:
     """One layer's ``Q K^T`` and ``A V``, forward and backward, per token: ``12 * width`` per key
     a query sees on average (causal: ``T / 2``; a window of ``W < T`` keys, the query's own
     included: ``(W (W + 1) / 2 + (T - W) W) / T``)."""

@@ -41,6 +41,7 @@ __all__ = [
     "DeltaRule",
     "GatedDeltaNet",
     "causal_conv",
+    "delta_rule_flops",
     "document_starts",
     "gated_delta_chunked",
     "gated_delta_recurrent",
@@ -160,6 +161,19 @@ def gated_delta_chunked(
         state = state * chunk_decay[:, :, i] + k_out[:, :, i].transpose(-1, -2) @ written
     out = torch.stack(outs, dim=2).flatten(2, 3)[:, :, :t]
     return out.transpose(1, 2).to(dtype), state
+
+
+def delta_rule_flops(heads: int, dk: int, dv: int, chunk_size: int) -> float:
+    """Training FLOPs per token of :func:`gated_delta_chunked` over ``heads`` value heads
+    (forward and backward: 3 x the forward's, ``2`` per multiply-add), as the chunked form
+    computes them, dense ``C x C`` blocks included (``C = chunk_size``), per head and token:
+    the keys' and the queries' overlaps within the chunk (``2 C dk``), the two triangular solves
+    (``C (dk + dv) / 2``), the within-chunk read (``C dv``), and the state's read by the queries
+    and by the keys and its update (``3 dk dv``). Linear in the sequence length: nothing here
+    grows with it. The short convolution and the projections are parameters (``6 N``)."""
+    c = chunk_size
+    per_head = 2 * c * dk + c * (dk + dv) / 2 + c * dv + 3 * dk * dv
+    return 6 * heads * per_head
 
 
 def causal_conv(

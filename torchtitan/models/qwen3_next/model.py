@@ -30,8 +30,8 @@ from torch import nn
 
 from torchtitan.models.common import rope
 from torchtitan.models.common.blocks import GroupedQueryAttention, TransformerBlock
-from torchtitan.models.common.decoder import Decoder, check_decoder_args
-from torchtitan.models.common.gated_deltanet import GatedDeltaNet
+from torchtitan.models.common.decoder import Decoder, attention_flops, check_decoder_args
+from torchtitan.models.common.gated_deltanet import GatedDeltaNet, delta_rule_flops
 from torchtitan.models.common.moe import MoEArgs
 from torchtitan.models.common.norms.rmsnorm import build_norm
 
@@ -142,6 +142,19 @@ class Qwen3NextModelArgs:
     def ffn_hidden_dim(self) -> int:
         """The width tensor parallelism splits: every expert's."""
         return self.moe.hidden_dim
+
+    def mixer_flops(self, seq_len: int) -> list[float]:
+        """Each layer's training FLOPs per token beyond its parameters': causal attention's
+        over the sequence (``attention_flops``), or the delta rule's (``delta_rule_flops``: the
+        same at any length)."""
+        linear = delta_rule_flops(
+            self.linear_n_value_heads,
+            self.linear_key_head_dim,
+            self.linear_value_head_dim,
+            self.linear_chunk_size,
+        )
+        full = attention_flops(self.n_heads * self.head_dim, seq_len)
+        return [linear if kind == LAYER_TYPES[0] else full for kind in self.kinds()]
 
 
 class HybridMask(NamedTuple):
