@@ -155,10 +155,13 @@ def gated_delta_chunked(
         state = q.new_zeros(batch, heads, dk, v.shape[-1])
     state = state.float()
     outs = []
-    for i in range(n):
-        written = new_values[:, :, i] - state_keys[:, :, i] @ state
-        outs.append(q_state[:, :, i] @ state + inner[:, :, i] @ written)
-        state = state * chunk_decay[:, :, i] + k_out[:, :, i].transpose(-1, -2) @ written
+    # unbound once: indexing chunk i in the loop would cost a full-size gradient per chunk in
+    # backward (quadratic in the sequence; measured 3x slower per token at 32768 than at 8192)
+    chunks = (x.unbind(2) for x in (new_values, state_keys, q_state, inner, k_out, chunk_decay))
+    for values, keys, queries, within, keys_out, carry_decay in zip(*chunks):
+        written = values - keys @ state
+        outs.append(queries @ state + within @ written)
+        state = state * carry_decay + keys_out.transpose(-1, -2) @ written
     out = torch.stack(outs, dim=2).flatten(2, 3)[:, :, :t]
     return out.transpose(1, 2).to(dtype), state
 
