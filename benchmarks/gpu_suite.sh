@@ -44,6 +44,7 @@ part rmsnorm "${T_BENCH:-120}" python benchmarks/rmsnorm.py --device cuda
 part model_step "${T_BENCH:-120}" python benchmarks/model_step.py --device cuda
 part mla "${T_BENCH:-120}" python benchmarks/mla.py --device cuda --batch 8 --seq 2048
 part sink_window "${T_BENCH:-120}" python benchmarks/sink_window.py --heads 64 --kv-heads 8
+part hybrid_attn "${T_BENCH:-120}" python benchmarks/hybrid_attention.py --device cuda
 
 echo "== summary ($(date -u +%F), $(python -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null))"
 printf '%s\n' "${summary[@]}"

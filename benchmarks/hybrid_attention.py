@@ -4,7 +4,7 @@ Gated DeltaNet layers for each softmax one (the published ratio), and with every
 at sequence 2048, 8192 and 32768; and the activations each keeps for backward, per token.
 
     python benchmarks/hybrid_attention.py [--seqs 2048 8192 32768] [--layers 4] [--rounds 1]
-                                          [--threads N] [--json]
+                                          [--device cpu|cuda] [--threads N] [--json]
 
 The model is the ``qwen3_next`` debug flavor (dim 256, 4 layers, 4 query heads of 64 over 2 kv
 heads, DeltaNet 2 key / 4 value heads of 32, 8 experts top-2 and a shared expert) with
@@ -48,7 +48,7 @@ def _layer_types(kind: str, n_layers: int) -> tuple[str, ...]:
 ROWS = {"softmax": "all softmax", "hybrid": "3 linear : 1 softmax", "linear": "all linear"}
 
 
-def _model(kind: str, n_layers: int, max_seq: int) -> Qwen3NextModel:
+def _model(kind: str, n_layers: int, max_seq: int, device: str) -> Qwen3NextModel:
     args = dataclasses.replace(
         qwen3_next_configs["debugmodel"],
         n_layers=n_layers,
@@ -59,12 +59,14 @@ def _model(kind: str, n_layers: int, max_seq: int) -> Qwen3NextModel:
     torch.manual_seed(0)
     model = Qwen3NextModel(args)
     model.init_weights()
-    return model
+    return model.to(device)
 
 
 def _step(model: Qwen3NextModel, t: int) -> tuple[float, int]:
     """(wall seconds, bytes saved for backward) of one forward + backward over ``t`` tokens."""
     tokens = torch.randint(0, VOCAB, (1, t), generator=torch.Generator().manual_seed(t))
+    tokens = tokens.to(model.rope_cache.device)
+    cuda = tokens.is_cuda
     saved = 0
 
     def pack(x: torch.Tensor) -> torch.Tensor:
@@ -73,18 +75,22 @@ def _step(model: Qwen3NextModel, t: int) -> tuple[float, int]:
         return x
 
     model.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize()
     start = time.perf_counter()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
         logits = model(tokens)
     torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start, saved
 
 
-def measure(t: int, n_layers: int, rounds: int) -> dict[str, dict[str, float]]:
+def measure(t: int, n_layers: int, rounds: int, device: str = "cpu") -> dict[str, dict[str, float]]:
     """Each row's tokens per second (median over ``rounds``) and saved KiB per token."""
     out = {}
     for kind in ROWS:
-        model = _model(kind, n_layers, max(t, 256))
+        model = _model(kind, n_layers, max(t, 256), device)
         _step(model, min(t, 256))  # warm-up
         steps = [_step(model, t) for _ in range(rounds)]
         seconds = statistics.median(s for s, _ in steps)
@@ -97,16 +103,20 @@ def main() -> int:
     parser.add_argument("--seqs", type=int, nargs="+", default=[2048, 8192, 32768])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", action="store_true")
     a = parser.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    results = {t: measure(t, a.layers, a.rounds) for t in a.seqs}
+    results = {t: measure(t, a.layers, a.rounds, a.device) for t in a.seqs}
+    device = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
     if a.json:
-        print(json.dumps({"device": "cpu", "results": results}))
+        print(json.dumps({"device": device, "results": results}))
         return 0
-    print(f"device: cpu, threads {torch.get_num_threads()}, {a.layers} layers, batch 1, float32")
+    print(
+        f"device: {device}, threads {torch.get_num_threads()}, {a.layers} layers, batch 1, float32"
+    )
     print("| seq | layers | tok/s | x softmax | KiB/token saved |")
     print("| ---: | --- | ---: | ---: | ---: |")
     for t, rows in results.items():

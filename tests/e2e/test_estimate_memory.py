@@ -350,3 +350,24 @@ def test_deepseek_estimate_with_and_without_mtp_matches_the_measured_peak(tmp_pa
         peaks[depths] = (estimate["peak_gib"], measured)
     # at least the depth's float32 logits (4 x 512 x 2256 x 4 B = 0.017 GiB) more, in both
     assert peaks["1"][0] - peaks["0"][0] > 0.017 and peaks["1"][1] - peaks["0"][1] > 0.017, peaks
+
+
+@pytest.mark.slow
+def test_qwen3_next_estimate_matches_the_measured_peak(tmp_path):
+    """Hybrid linear attention traced as training runs it: the Qwen3-Next debug flavor (Gated
+    DeltaNet and gated softmax layers) on CPU at 2 x 1024, whose chunked delta rule keeps each
+    chunk's state ``[B, heads, dk, dv]`` for backward; estimate and measured peak within the
+    tolerance above."""
+    run = [
+        *RUN,
+        "--job.config_file",
+        "train_configs/qwen3_next_debug.toml",
+        "--training.local_batch_size",
+        "2",
+        "--training.seq_len",
+        "1024",
+    ]
+    estimate = _estimate(tmp_path, "--device-type", "cpu", "--world-size", "1", *run)
+    measured = _measure(tmp_path, *run)
+    print(f"\nqwen3_next: estimated {estimate['peak_gib']:.3f}, measured {measured:.3f} GiB")
+    assert abs(measured - estimate["peak_gib"]) <= 0.1 * measured + 0.1, (estimate, measured)
