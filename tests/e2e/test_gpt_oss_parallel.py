@@ -12,21 +12,11 @@ and biases' gradients are in it.
 from __future__ import annotations
 
 import pytest
-from launcher import (
-    COMPILE_AOT_EAGER,
-    EQUIVALENCE_STEPS,
-    LAYOUT_SUITE_ARGS,
-    PP2_1F1B,
-    expert_parallel,
-    local_batch,
-    pooled,
-    tensorboard_scalars_all_runs,
-)
+from launcher import COMPILE_AOT_EAGER, PP2_1F1B, expert_parallel, local_batch
+from moe_layouts import BLOCK_CAUSAL, MoELayoutSuite
 from repo_paths import ROOT
 
-STEPS, COMMON = EQUIVALENCE_STEPS, LAYOUT_SUITE_ARGS
 CONFIG = str(ROOT / "train_configs" / "gpt_oss_debug.toml")
-BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal"]
 TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 ETP2 = ["--parallelism.expert_tensor_parallel_degree", "2"]
 CP2 = ["--parallelism.context_parallel_degree", "2"]
@@ -58,46 +48,10 @@ LAYOUTS = {
 }
 
 
-def _run(pools, tmp_path, ngpu: int, extra: list[str]) -> dict[str, dict[int, float]]:
-    out = pooled(pools, tmp_path, *COMMON, *extra, ngpu=ngpu, config=CONFIG)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "Model gpt_oss debugmodel" in out.stdout, out.stdout[-3000:]
-    assert "moe: load max/mean" in out.stdout
-    values = {
-        tag: tensorboard_scalars_all_runs(tmp_path / "out", tag) for tag in ("loss", "grad_norm")
-    }
-    assert sorted(values["loss"]) == list(range(1, STEPS + 1)), values
-    return values
-
-
-@pytest.fixture(scope="module")
-def baselines(pools, tmp_path_factory):
-    """``baseline(masking)``: one process, local batch 4 with 2 accumulation steps."""
-    cache: dict[tuple[str, ...], dict[str, dict[int, float]]] = {}
-
-    def baseline(masking: list[str]) -> dict[str, dict[int, float]]:
-        if tuple(masking) not in cache:
-            values = _run(pools, tmp_path_factory.mktemp("single"), 1, [*masking, *_batch(4)])
-            assert values["loss"][1] - values["loss"][STEPS] > 0.1, values  # it trains
-            cache[tuple(masking)] = values
-        return cache[tuple(masking)]
-
-    return baseline
+SUITE = MoELayoutSuite(CONFIG, "Model gpt_oss debugmodel")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_gpt_oss_layout_matches_one_process(pools, tmp_path, baselines, layout):
-    ngpu, extra = LAYOUTS[layout]
-    base = baselines(BLOCK_CAUSAL if "block_causal" in layout else [])
-    got = _run(pools, tmp_path, ngpu, extra)
-    losses, baseline = got["loss"], base["loss"]
-    worst = max(abs(losses[s] - baseline[s]) for s in losses)
-    print(
-        f"\ngpt_oss {layout}: step 1 {losses[1]:.6f} vs {baseline[1]:.6f}; max |diff| {worst:.2e}"
-    )
-    assert abs(losses[1] - baseline[1]) <= 1e-4, (losses, baseline)
-    for step in range(1, STEPS + 1):
-        assert abs(losses[step] - baseline[step]) <= 1e-3, (step, losses, baseline)
-    norm, base_norm = got["grad_norm"][1], base["grad_norm"][1]
-    assert norm == pytest.approx(base_norm, rel=3e-4), (norm, base_norm)
+def test_gpt_oss_layout_matches_one_process(pools, tmp_path, tmp_path_factory, layout):
+    SUITE.check(pools, tmp_path, tmp_path_factory.mktemp, layout, *LAYOUTS[layout])

@@ -21,3 +21,25 @@ def greedy_tokens(ours: torch.nn.Module, hf: torch.nn.Module, prompt: torch.Tens
             pad_token_id=0,
         )
     return seq.tolist(), theirs.tolist()
+
+
+def export(adapter_cls, model: torch.nn.Module, args, folder) -> None:
+    """``model`` (with ``args``) as a Hugging Face folder: the family adapter's float32 weights
+    and ``config.json``."""
+    from torchtitan.checkpoint.hf_files import write_folder
+
+    adapter = adapter_cls(args)
+    config = adapter.hf_config(dtype=torch.float32, bos_id=None, eos_id=None)
+    write_folder(str(folder), adapter.to_hf(model.state_dict()), config)
+
+
+def hf_from(folder, architecture: str) -> torch.nn.Module:
+    """``transformers``' model from ``folder`` in float32 with eager attention, checked to be
+    ``architecture``, in eval mode."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager"
+    )
+    assert type(model).__name__ == architecture
+    return model.eval()

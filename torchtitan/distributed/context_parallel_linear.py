@@ -33,7 +33,11 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 
 from torchtitan.distributed.context_parallel import chunk_ids, unshard_sequence
-from torchtitan.models.common.gated_deltanet import causal_conv, gated_delta_chunked
+from torchtitan.models.common.gated_deltanet import (
+    causal_conv,
+    document_starts,
+    gated_delta_chunked,
+)
 
 __all__ = ["ContextParallelConv", "ContextParallelDeltaRule"]
 
@@ -121,9 +125,7 @@ class ContextParallelDeltaRule(nn.Module):
         dv, c = v.shape[-1], t // 2
         resets = None
         if doc_ids is not None:  # a start on a chunk's first position needs the one before it
-            whole = _whole_doc_ids(doc_ids, self.group)
-            starts = torch.zeros_like(whole, dtype=torch.bool)
-            starts[:, 1:] = whole[:, 1:] != whole[:, :-1]
+            starts = document_starts(_whole_doc_ids(doc_ids, self.group))
             resets = [starts[:, i * c : (i + 1) * c] for i in chunk_ids(cp, rank)]
         # the identity's channels: an incoming state's reach, and each chunk's carry P
         v_ext = torch.cat([v.float(), v.new_zeros(batch, t, heads, dk, dtype=torch.float32)], -1)

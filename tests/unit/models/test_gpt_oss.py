@@ -12,7 +12,7 @@ import re
 
 import pytest
 import torch
-from hf_oracle import greedy_tokens
+from hf_oracle import export, greedy_tokens, hf_from
 
 from torchtitan.checkpoint.hf_files import dequantize_mxfp4, read_hf_model, write_folder
 from torchtitan.errors import HFFormatError
@@ -63,28 +63,14 @@ def _ours(args: GptOssModelArgs = TINY) -> GptOssModel:
     return model.eval()
 
 
-def _hf_from(folder) -> torch.nn.Module:
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch.float32, attn_implementation="eager"
-    )
-    assert type(model).__name__ == "GptOssForCausalLM"
-    return model.eval()
-
-
-def _export(ours: GptOssModel, folder, args: GptOssModelArgs = TINY) -> None:
-    adapter = GptOssStateDictAdapter(args)
-    config = adapter.hf_config(dtype=torch.float32, bos_id=None, eos_id=None)
-    write_folder(str(folder), adapter.to_hf(ours.state_dict()), config)
-
-
 def _tokens(n: int = 40, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, TINY.vocab_size, (2, n), generator=torch.Generator().manual_seed(seed))
 
 
 def test_transformers_computes_the_same_logits(tmp_path):
     ours = _ours()
-    _export(ours, tmp_path)
-    hf = _hf_from(tmp_path)
+    export(GptOssStateDictAdapter, ours, TINY, tmp_path)
+    hf = hf_from(tmp_path, "GptOssForCausalLM")
     assert hf.config.layer_types == ["sliding_attention", "full_attention"] * 2
     tokens = _tokens()
     with torch.no_grad():
@@ -103,8 +89,8 @@ def test_transformers_computes_the_same_logits(tmp_path):
 def test_greedy_generation_matches_transformers(tmp_path):
     """Our model re-run on the growing sequence vs transformers' cached greedy decoding."""
     ours = _ours()
-    _export(ours, tmp_path)
-    hf = _hf_from(tmp_path)
+    export(GptOssStateDictAdapter, ours, TINY, tmp_path)
+    hf = hf_from(tmp_path, "GptOssForCausalLM")
     prompt = _tokens(12, seed=2)[:1]
     mine, theirs = greedy_tokens(ours, hf, prompt)
     assert mine == theirs

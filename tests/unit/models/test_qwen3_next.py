@@ -10,9 +10,8 @@ import dataclasses
 
 import pytest
 import torch
-from hf_oracle import greedy_tokens
+from hf_oracle import export, greedy_tokens, hf_from
 
-from torchtitan.checkpoint.hf_files import write_folder
 from torchtitan.models.common.decoder import get_nparams_and_flops
 from torchtitan.models.common.moe import inactive_params
 from torchtitan.models.qwen3_next.flavors import qwen3_next_configs
@@ -65,28 +64,14 @@ def _ours(args: Qwen3NextModelArgs = TINY) -> Qwen3NextModel:
     return model.eval()
 
 
-def _export(ours: Qwen3NextModel, folder, args: Qwen3NextModelArgs = TINY) -> None:
-    adapter = Qwen3NextStateDictAdapter(args)
-    config = adapter.hf_config(dtype=torch.float32, bos_id=None, eos_id=None)
-    write_folder(str(folder), adapter.to_hf(ours.state_dict()), config)
-
-
-def _hf_from(folder) -> torch.nn.Module:
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch.float32, attn_implementation="eager"
-    )
-    assert type(model).__name__ == "Qwen3NextForCausalLM"
-    return model.eval()
-
-
 def _tokens(n: int = 40, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, TINY.vocab_size, (2, n), generator=torch.Generator().manual_seed(seed))
 
 
 def test_transformers_computes_the_same_logits(tmp_path):
     ours = _ours()
-    _export(ours, tmp_path)
-    hf = _hf_from(tmp_path)
+    export(Qwen3NextStateDictAdapter, ours, TINY, tmp_path)
+    hf = hf_from(tmp_path, "Qwen3NextForCausalLM")
     assert hf.config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
     tokens = _tokens()
     with torch.no_grad():
@@ -101,8 +86,8 @@ def test_greedy_generation_matches_transformers(tmp_path):
     """Our model re-run on the growing sequence vs transformers' cached greedy decoding (its
     recurrent DeltaNet state and convolution cache)."""
     ours = _ours()
-    _export(ours, tmp_path)
-    hf = _hf_from(tmp_path)
+    export(Qwen3NextStateDictAdapter, ours, TINY, tmp_path)
+    hf = hf_from(tmp_path, "Qwen3NextForCausalLM")
     prompt = _tokens(12, seed=2)[:1]
     mine, theirs = greedy_tokens(ours, hf, prompt)
     assert mine == theirs

@@ -51,6 +51,23 @@ def check_decoder_args(args: Any) -> None:
         raise ValueError(f"head_dim ({args.head_dim}) must be even for rotary embeddings")
 
 
+def check_layer_types(
+    layer_types: Any, n_layers: int, allowed: tuple[str, ...]
+) -> tuple[str, ...] | None:
+    """A family's ``layer_types`` (None: the family's default pattern) as a tuple of ``n_layers``
+    names from ``allowed``; ValueError naming what is wrong."""
+    if layer_types is None:
+        return None
+    layer_types = tuple(layer_types)
+    bad = sorted(set(layer_types) - set(allowed))
+    if bad or len(layer_types) != n_layers:
+        raise ValueError(
+            f"layer_types must name {n_layers} layers (n_layers), each one of: "
+            f"{', '.join(allowed)}; got {len(layer_types)} with {bad or 'no'} others"
+        )
+    return layer_types
+
+
 class Decoder(nn.Module, ABC):
     """``forward(tokens [B, T] int64) -> logits [B, T, vocab] float32``. ``layers`` is an
     ``nn.ModuleDict`` keyed ``"0"``..``"n-1"`` so pipeline stages can drop layers and keep the

@@ -26,7 +26,7 @@ from torch import nn
 
 from torchtitan.models.common import rope
 from torchtitan.models.common.blocks import GroupedQueryAttention, TransformerBlock
-from torchtitan.models.common.decoder import Decoder, check_decoder_args
+from torchtitan.models.common.decoder import Decoder, check_decoder_args, check_layer_types
 from torchtitan.models.common.moe import MoEArgs
 from torchtitan.models.common.norms.rmsnorm import build_norm
 
@@ -93,15 +93,7 @@ class GptOssModelArgs:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         check_decoder_args(self)
-        if self.layer_types is not None:
-            self.layer_types = tuple(self.layer_types)
-            bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
-            if bad or len(self.layer_types) != self.n_layers:
-                raise ValueError(
-                    f"layer_types must name {self.n_layers} layers (n_layers), each one of: "
-                    f"{', '.join(LAYER_TYPES)}; got {len(self.layer_types)} with "
-                    f"{bad or 'no'} others"
-                )
+        self.layer_types = check_layer_types(self.layer_types, self.n_layers, LAYER_TYPES)
         if self.sliding_window < 1:
             raise ValueError(f"sliding_window ({self.sliding_window}) must be at least 1")
 

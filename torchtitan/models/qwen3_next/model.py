@@ -30,7 +30,12 @@ from torch import nn
 
 from torchtitan.models.common import rope
 from torchtitan.models.common.blocks import GroupedQueryAttention, TransformerBlock
-from torchtitan.models.common.decoder import Decoder, attention_flops, check_decoder_args
+from torchtitan.models.common.decoder import (
+    Decoder,
+    attention_flops,
+    check_decoder_args,
+    check_layer_types,
+)
 from torchtitan.models.common.gated_deltanet import GatedDeltaNet, delta_rule_flops
 from torchtitan.models.common.moe import MoEArgs
 from torchtitan.models.common.norms.rmsnorm import build_norm
@@ -107,15 +112,7 @@ class Qwen3NextModelArgs:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         check_decoder_args(self)
-        if self.layer_types is not None:
-            self.layer_types = tuple(self.layer_types)
-            bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
-            if bad or len(self.layer_types) != self.n_layers:
-                raise ValueError(
-                    f"layer_types must name {self.n_layers} layers (n_layers), each one of: "
-                    f"{', '.join(LAYER_TYPES)}; got {len(self.layer_types)} with "
-                    f"{bad or 'no'} others"
-                )
+        self.layer_types = check_layer_types(self.layer_types, self.n_layers, LAYER_TYPES)
         rotary = self.rotary_dim
         if rotary % 2 or not 0 < rotary <= self.head_dim:
             raise ValueError(
