@@ -22,8 +22,10 @@ TP2 = ["--parallelism.tensor_parallel_degree", "2"]
 ETP2 = ["--parallelism.expert_tensor_parallel_degree", "2"]
 CP2 = ["--parallelism.context_parallel_degree", "2"]
 CP4 = ["--parallelism.context_parallel_degree", "4"]
+MTP1 = ["--model.num_mtp_layers", "1"]
 _batch = local_batch
-# id -> (processes, arguments); local batch sizes keep the global batch at 8 sequences
+# id -> (processes, arguments[, the model arguments of the one-process baseline]); local batch
+# sizes keep the global batch at 8 sequences
 LAYOUTS = {
     "fsdp2": (2, _batch(4)),
     # the linear block on stage 0, the softmax one on stage 1; each stage builds the documents'
@@ -46,6 +48,10 @@ LAYOUTS = {
     "ep2_tp2": (4, [*expert_parallel(2), *TP2, *ETP2, *_batch(4)]),
     # each rank's heads of its chunks: states handed across CP ranks, per TP rank
     "cp2_tp2": (4, [*CP2, *TP2, *_batch(8)]),
+    # the prediction depth (a gated softmax-attention MoE block) trained beside the main loss,
+    # against one process with it; on the last pipeline stage under PP
+    "fsdp2_mtp": (2, [*MTP1, *_batch(4)], MTP1),
+    "pp2_mtp": (2, [*MTP1, *PP2_1F1B, *_batch(8)], MTP1),
 }
 
 

@@ -42,18 +42,30 @@ class MoELayoutSuite:
         assert sorted(values["loss"]) == list(range(1, EQUIVALENCE_STEPS + 1)), values
         return values
 
-    def baseline(self, pools, factory: Callable, masking: list[str]) -> Values:
-        """One process (local batch 4, 2 accumulation steps) under ``masking``, once."""
-        if tuple(masking) not in self._baselines:
-            values = self.run(pools, factory("single"), 1, [*masking, *local_batch(4)])
+    def baseline(self, pools, factory: Callable, model_args: list[str]) -> Values:
+        """One process (local batch 4, 2 accumulation steps) with ``model_args``, once."""
+        if tuple(model_args) not in self._baselines:
+            values = self.run(pools, factory("single"), 1, [*model_args, *local_batch(4)])
             assert values["loss"][1] - values["loss"][EQUIVALENCE_STEPS] > 0.1, values  # trains
-            self._baselines[tuple(masking)] = values
-        return self._baselines[tuple(masking)]
+            self._baselines[tuple(model_args)] = values
+        return self._baselines[tuple(model_args)]
 
-    def check(self, pools, tmp_path, factory: Callable, layout: str, ngpu: int, extra) -> None:
-        """Layout ``layout`` (``ngpu`` ranks, ``extra`` arguments) against one process; a
-        layout named ``*block_causal*`` against the block-causal baseline."""
-        base = self.baseline(pools, factory, BLOCK_CAUSAL if "block_causal" in layout else [])
+    def check(
+        self,
+        pools,
+        tmp_path,
+        factory: Callable,
+        layout: str,
+        ngpu: int,
+        extra: list[str],
+        model_args: list[str] | None = None,
+    ) -> None:
+        """Layout ``layout`` (``ngpu`` ranks, ``extra`` arguments) against one process with
+        ``model_args`` too (default: the block-causal mask for a layout named
+        ``*block_causal*``, else none)."""
+        if model_args is None:
+            model_args = BLOCK_CAUSAL if "block_causal" in layout else []
+        base = self.baseline(pools, factory, model_args)
         got = self.run(pools, tmp_path, ngpu, extra)
         losses, baseline = got["loss"], base["loss"]
         worst = max(abs(losses[s] - baseline[s]) for s in losses)

@@ -140,10 +140,14 @@ def test_packed_documents_do_not_see_each_other():
 def test_the_published_flavor_has_the_model_cards_size():
     """80B-A3B: "80B total parameters, 3B activated" (the card; section 8 of the design note:
     79,674,391,296 and 3,874,929,408 with the input embedding, 3,563,764,480 without, computed
-    here too, on the meta device)."""
-    args = qwen3_next_configs["80B-A3B"]
+    here too, on the meta device), without the checkpoint's prediction depth, which adds
+    1,650,471,424 (a gated softmax-attention MoE block, its projection and three norms)."""
+    with_depth = qwen3_next_configs["80B-A3B"]
+    args = dataclasses.replace(with_depth, num_mtp_layers=0)
     with torch.device("meta"):
         model = Qwen3NextModel(args)
+        depth = sum(p.numel() for p in Qwen3NextModel(with_depth).mtp_layers.parameters())
+    assert depth == 1_650_471_424
     total = sum(p.numel() for p in model.parameters())
     active = total - inactive_params(model)
     assert total == 79_674_391_296
@@ -156,8 +160,9 @@ def test_the_published_flavor_has_the_model_cards_size():
 
 def test_flops_count_the_linear_layers_at_a_cost_that_does_not_grow_with_the_sequence():
     """80B-A3B: 36 linear layers at 6 x 32 heads x (2 C dk + C (dk + dv) / 2 + C dv + 3 dk dv)
-    = 15,728,640 FLOPs per token each (C 64, dk = dv = 128), and 12 gated softmax layers at
-    ``6 T n_heads head_dim``; doubling the sequence adds only the softmax layers' share."""
+    = 15,728,640 FLOPs per token each (C 64, dk = dv = 128), and 12 gated softmax layers (13 with
+    the prediction depth's block) at ``6 T n_heads head_dim``; doubling the sequence adds only
+    the softmax layers' share."""
     args = qwen3_next_configs["80B-A3B"]
     with torch.device("meta"):
         model = Qwen3NextModel(args)
@@ -166,4 +171,50 @@ def test_flops_count_the_linear_layers_at_a_cost_that_does_not_grow_with_the_seq
     assert sorted(set(per_layer)) == [15_728_640, 6 * 4096 * 16 * 256]
     _, at_4k = get_nparams_and_flops(model, args, seq_len=4096)
     _, at_8k = get_nparams_and_flops(model, args, seq_len=8192)
-    assert at_8k - at_4k == 12 * 6 * 16 * 256 * 4096
+    assert at_8k - at_4k == 13 * 6 * 16 * 256 * 4096
+
+
+def test_the_prediction_depth_round_trips_under_mtp_and_is_left_out_without_it(tmp_path):
+    """A folder as the release ships it: transformers' own save plus one depth under ``mtp.``
+    (random tensors of the published names and shapes). With ``num_mtp_layers`` 1 every tensor
+    comes in and goes back out bit for bit; with 0 the depth is not loaded (as transformers
+    does); the depth trains: its block and projection get gradients from the loss on its
+    logits."""
+    args = dataclasses.replace(TINY, num_mtp_layers=1)
+    config = Qwen3NextStateDictAdapter(args).hf_config(dtype=torch.float32, bos_id=1, eos_id=2)
+    assert config["mtp_num_hidden_layers"] == 1
+    assert Qwen3NextStateDictAdapter.args_from_hf_config(config) == args
+    torch.manual_seed(5)
+    hf = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**config))
+    hf.save_pretrained(tmp_path)
+    hf_state = safetensors.load_file(tmp_path / "model.safetensors")
+    full_layer = "model.layers.3."  # a full-attention layer: the depth's block is named alike
+    for name, w in list(hf_state.items()):
+        if name.startswith(full_layer):
+            hf_state["mtp.layers.0." + name.removeprefix(full_layer)] = torch.randn_like(w)
+    dim = args.dim
+    hf_state["mtp.fc.weight"] = torch.randn(dim, 2 * dim)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        hf_state[f"mtp.{norm}.weight"] = torch.randn(dim)
+
+    expected = {k: v.shape for k, v in Qwen3NextModel(args).state_dict().items()}
+    ours = Qwen3NextStateDictAdapter(args).from_hf(hf_state, expected)
+    assert ours.keys() == expected.keys()
+    assert torch.equal(ours["mtp_layers.4.eh_proj.weight"], hf_state["mtp.fc.weight"])
+    back = Qwen3NextStateDictAdapter(args).to_hf(ours)
+    assert back.keys() == hf_state.keys()
+    for k in hf_state:
+        assert torch.equal(back[k], hf_state[k]), k
+
+    without = {k: v.shape for k, v in Qwen3NextModel(TINY).state_dict().items()}
+    assert Qwen3NextStateDictAdapter(TINY).from_hf(hf_state, without).keys() == without.keys()
+
+    model = Qwen3NextModel(args)
+    model.load_state_dict(ours)
+    model.mtp_active = True
+    logits = model(_tokens(20))
+    assert logits.shape == (4, 20, TINY.vocab_size)  # the main batch and the depth's, stacked
+    logits[2:].sum().backward()
+    depth = model.mtp_layers["4"]
+    assert depth.eh_proj.weight.grad.abs().sum() > 0
+    assert depth.block.attention.wqkv.weight.grad.abs().sum() > 0

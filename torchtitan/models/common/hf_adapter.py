@@ -65,6 +65,9 @@ class HFStateDictAdapter(ABC):
     #: tensors inside a block that this library keeps and Hugging Face does not (an MoE layer's
     #: load-balancing bias): an import starts them at zero, an export leaves them out
     not_in_hf: ClassVar[tuple[str, ...]] = ()
+    #: whether an export writes DeepSeek's copies of the embedding and output head into each
+    #: multi-token-prediction depth (``MTP_COPIES``)
+    mtp_copies: ClassVar[bool] = True
     #: fused parameter inside a block -> the separate tensors it holds, in order
     fused: ClassVar[dict[str, tuple[str, ...]]] = {
         "attention.wqkv.weight": (
@@ -236,7 +239,7 @@ class HFStateDictAdapter(ABC):
                 continue
             out[self.hf_name(name)] = self.tensor_to_hf(name, w).contiguous()
         # each prediction depth's copies of the embedding and head, as DeepSeek publishes them
-        depths = {self._mtp_index(n) for n in state} - {None}
+        depths = {self._mtp_index(n) for n in state} - {None} if self.mtp_copies else set()
         for depth in sorted(depths):
             for hf, ours in MTP_COPIES.items():
                 if ours in state:

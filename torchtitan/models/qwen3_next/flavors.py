@@ -44,8 +44,10 @@ qwen3_next_configs: dict[str, Qwen3NextModelArgs] = {
         linear_value_head_dim=32,
         moe=qwen3_next_moe(num_experts=8, top_k=2, hidden_dim=128, shared_dim=128),
     ),
+    # with the published checkpoint's one prediction depth (mtp.*)
     "80B-A3B": Qwen3NextModelArgs(
         vocab_size=QWEN3_VOCAB_SIZE,
         tokenizer_vocab_size=QWEN3_TOKENIZER_SIZE,
+        num_mtp_layers=1,
     ),
 }

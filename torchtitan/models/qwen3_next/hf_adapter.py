@@ -11,11 +11,17 @@ expert), plus:
   [C, 1, K]``, whose channels ``transformers`` orders all queries, all keys, all values, and ours
   by key head (each head's query, key, values), so the rows are regrouped;
 * the shared expert ``mlp.shared_expert.gate_proj/up_proj/down_proj`` and its gate
-  ``mlp.shared_expert_gate``.
+  ``mlp.shared_expert_gate``;
+* the one multi-token-prediction depth, under a top-level ``mtp.`` (not DeepSeek's
+  ``model.layers.N.``): ``enorm``/``hnorm``/``eh_proj``/``norm`` <-> ``mtp.pre_fc_norm_embedding``
+  /``pre_fc_norm_hidden``/``fc``/``norm``, its block <-> ``mtp.layers.0.*`` (a full-attention
+  layer, named as the main ones). A model without the depth (``model.num_mtp_layers`` 0) leaves
+  those tensors out on import, as ``transformers`` does.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -34,10 +40,20 @@ from torchtitan.models.qwen3_next.model import (
 __all__ = ["Qwen3NextStateDictAdapter"]
 
 _LINEAR = ("in_proj_qkvz.weight", "in_proj_ba.weight", "A_log", "dt_bias", "norm.weight")
+# a prediction depth's own tensors (models/common/mtp.py) <-> theirs under ``mtp.``
+_MTP = {
+    "enorm.weight": "pre_fc_norm_embedding.weight",
+    "hnorm.weight": "pre_fc_norm_hidden.weight",
+    "eh_proj.weight": "fc.weight",
+    "norm.weight": "norm.weight",
+}
+_OUR_MTP = re.compile(r"^mtp_layers\.(\d+)\.(.+)$")
+_HF_MTP_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
 class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
     model_type = "qwen3_next"
+    mtp_copies = False  # the depth shares the model's embedding and head
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
@@ -51,6 +67,38 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
             "moe.shared_experts.w2.weight": "mlp.shared_expert.down_proj.weight",
             "moe.shared_gate.weight": "mlp.shared_expert_gate.weight",
         }
+
+    # ---- the prediction depth's names
+
+    def hf_name(self, name: str) -> str:
+        m = _OUR_MTP.match(name)
+        if m is None:
+            return super().hf_name(name)
+        if int(m.group(1)) != self.args.n_layers:
+            raise HFFormatError(
+                f"parameter '{name}': Qwen3-Next's Hugging Face layout holds one prediction "
+                "depth (mtp.*); use model.num_mtp_layers 1 or 0 to exchange it"
+            )
+        rest = m.group(2)
+        if rest in _MTP:
+            return f"mtp.{_MTP[rest]}"
+        inner = rest.removeprefix("block.")
+        if rest.startswith("block.") and inner in self.layer_names:
+            return f"mtp.layers.0.{self.layer_names[inner]}"
+        raise HFFormatError(f"parameter '{name}' has no Hugging Face qwen3_next counterpart")
+
+    def our_name(self, hf: str) -> str | None:
+        if not hf.startswith("mtp."):
+            return super().our_name(hf)
+        rest, depth = hf.removeprefix("mtp."), self.args.n_layers
+        own = {v: k for k, v in _MTP.items()}
+        if rest in own:
+            return f"mtp_layers.{depth}.{own[rest]}"
+        m = _HF_MTP_LAYER.match(rest)
+        inverse = {v: k for k, v in self.layer_names.items()}
+        if m is None or m.group(2) not in inverse:
+            return None
+        return f"mtp_layers.{depth + int(m.group(1))}.block.{inverse[m.group(2)]}"
 
     # ---- the gated query rows: twice as many "heads" for the split
 
@@ -109,6 +157,8 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
             linear_conv_kernel_dim=a.linear_conv_kernel,
             shared_expert_intermediate_size=moe.shared_hidden_dim,
         )
+        if a.num_mtp_layers:  # the published file has no key for it; Qwen3.5's name
+            config["mtp_num_hidden_layers"] = a.num_mtp_layers
         return config
 
     @classmethod
@@ -152,6 +202,7 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
                 linear_value_head_dim=int(config.get("linear_value_head_dim", 128)),
                 linear_conv_kernel=int(config.get("linear_conv_kernel_dim", 4)),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+                num_mtp_layers=int(config.get("mtp_num_hidden_layers", 0)),
                 moe=_moe_args(config),
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -16,8 +16,9 @@ are in docs/design/qwen3_next.md.
   by ``sigmoid`` of a linear of the token.
 * Untied output head, no embedding scale, RMSNorm eps 1e-6.
 
-The published checkpoint also holds a multi-token-prediction depth (``mtp.*``), which
-``transformers`` does not load; it is not built here.
+The published checkpoint also holds a multi-token-prediction depth (``mtp.*``, a gated
+softmax-attention MoE block; ``transformers`` does not load it): ``num_mtp_layers`` 1 builds it
+(``models/common/mtp.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from torchtitan.models.common.decoder import (
 )
 from torchtitan.models.common.gated_deltanet import GatedDeltaNet, delta_rule_flops
 from torchtitan.models.common.moe import MoEArgs
+from torchtitan.models.common.mtp import MTPLayer
 from torchtitan.models.common.norms.rmsnorm import build_norm
 
 __all__ = [
@@ -101,6 +103,9 @@ class Qwen3NextModelArgs:
     # positions the chunked delta rule takes at once (how it computes, not the model)
     linear_chunk_size: int = field(default=64, compare=False)
     tie_word_embeddings: bool = False  # tie_word_embeddings
+    # multi-token-prediction depths (models/common/mtp.py), each a gated softmax-attention MoE
+    # block; the published checkpoint holds one (mtp.*), which transformers does not load
+    num_mtp_layers: int = 0
     depth_init: bool = True  # scale the output projections' init by the layer's depth
     norm_type: str = "rmsnorm"
     zero_centered_norms: bool = field(default=True, init=False)  # the architecture's, always
@@ -113,6 +118,8 @@ class Qwen3NextModelArgs:
             self.n_kv_heads = self.n_heads
         check_decoder_args(self)
         self.layer_types = check_layer_types(self.layer_types, self.n_layers, LAYER_TYPES)
+        if self.num_mtp_layers < 0:
+            raise ValueError(f"num_mtp_layers ({self.num_mtp_layers}) must be >= 0")
         rotary = self.rotary_dim
         if rotary % 2 or not 0 < rotary <= self.head_dim:
             raise ValueError(
@@ -225,6 +232,12 @@ class Qwen3NextModel(Decoder):
         kind = args.kinds()[layer_id]
         mixer = LinearAttention(args) if kind == LAYER_TYPES[0] else GatedAttention(args)
         return TransformerBlock(layer_id, args, mixer, args.hidden_dim)
+
+    def build_mtp_layer(self, layer_id: int, args: Qwen3NextModelArgs) -> nn.Module:
+        """A prediction depth around a gated softmax-attention MoE block (as published), its
+        norms zero-centered."""
+        block = TransformerBlock(layer_id, args, GatedAttention(args), args.hidden_dim)
+        return MTPLayer(args.dim, block, lambda: self.build_norm(args))
 
     def build_rope_cache(
         self, args: Qwen3NextModelArgs, device: torch.device | str | None = None
