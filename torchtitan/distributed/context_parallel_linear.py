@@ -82,8 +82,8 @@ class ContextParallelConv(nn.Module):
         width, c = weight.shape[1] - 1, x.shape[1] // 2
         if width > c:
             raise ValueError(
-                f"context parallel: a chunk of {c} positions is shorter than the convolution's "
-                f"reach ({width}); use a shorter context_parallel_degree or a longer sequence"
+                f"parallelism.context_parallel_degree: a chunk of {c} positions is shorter than "
+                f"the convolution reads back ({width}); use a smaller degree or a longer sequence"
             )
         chunks = x.unflatten(1, (2, c))  # [B, 2, c, C]
         ends = _by_chunk(_gather_parts(chunks[:, :, c - width :].transpose(0, 1), self.group), cp)

@@ -71,6 +71,7 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
         with problems.collect():  # what the family refuses first: the same keys, said once
             _check_family_supports_layout(dims, spec, job_config.model.name)
             _check_model_fits_layout(dims, model_args)
+            _check_context_chunks(job_config.training.seq_len, dims, model_args)
         if dims.pp > 1:
             with problems.collect():
                 pipeline = pipeline_plan(job_config, model_args, dims)
@@ -271,7 +272,10 @@ def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:
         )
     key = "parallelism.tensor_parallel_degree"
     sizes = (("n_heads", args.n_heads), ("n_kv_heads", args.n_kv_heads), ("dim", args.dim))
-    for what, n in sizes + (("feed-forward hidden size", args.ffn_hidden_dim()),):
+    sizes += (("feed-forward hidden size", args.ffn_hidden_dim()),)
+    # a family's own head counts that TP splits (linear attention's key heads)
+    sizes += tuple(getattr(args, "tensor_parallel_sizes", lambda: ())())
+    for what, n in sizes:
         if n % dims.tp:
             raise ConfigError(
                 f"{key}: {dims.tp} does not divide the model's {what} ({n}); use a divisor of it"
@@ -301,6 +305,18 @@ def _check_validation(job_config: JobConfig, dims: ParallelDims) -> None:
         raise ConfigError(
             f"validation.seq_len / local_batch_size: with {' '.join(fixed)} validation batches "
             f"must have the training shape ({t.local_batch_size} x {t.seq_len}); leave both 0"
+        )
+
+
+def _check_context_chunks(seq_len: int, dims: ParallelDims, args: Any) -> None:
+    """Linear attention's short convolution reads the ``K - 1`` positions before each of a CP
+    rank's chunks, which must hold that many."""
+    reach = getattr(args, "context_parallel_reach", lambda: 0)()
+    if dims.cp > 1 and seq_len // (2 * dims.cp) < reach:
+        raise ConfigError(
+            f"parallelism.context_parallel_degree: {dims.cp} cuts training.seq_len {seq_len} "
+            f"into chunks of {seq_len // (2 * dims.cp)} positions, shorter than the model's "
+            f"convolution reads back ({reach}); use a smaller degree or a longer sequence"
         )
 
 

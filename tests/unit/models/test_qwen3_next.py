@@ -218,3 +218,62 @@ def test_the_prediction_depth_round_trips_under_mtp_and_is_left_out_without_it(t
     depth = model.mtp_layers["4"]
     assert depth.eh_proj.weight.grad.abs().sum() > 0
     assert depth.block.attention.wqkv.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["--parallelism.tensor_parallel_degree", "2", "--model.n_layers", "2"], None),
+        (["--parallelism.context_parallel_degree", "8", "--training.seq_len", "32"], "cp"),
+    ],
+)
+def test_preflight_names_what_linear_attention_cannot_split(overrides, key):
+    """TP must divide the linear layers' key heads (a custom flavor with 1 key head and TP 2
+    would cut a head group apart); CP chunks must hold the convolution's 3 positions of reach."""
+    from repo_paths import ROOT
+
+    from torchtitan.config.parse import parse_args
+    from torchtitan.errors import ConfigError
+    from torchtitan.models import spec as specs
+    from torchtitan.train.plan import plan_job
+
+    config = str(ROOT / "train_configs" / "qwen3_next_debug.toml")
+    cfg = parse_args(["--job.config_file", config, *overrides])
+    world = 2 if key is None else 8
+    if key is None:  # a flavor whose linear layers have a single key head
+        flavor = dataclasses.replace(
+            qwen3_next_configs["debugmodel"], linear_n_key_heads=1, linear_n_value_heads=4
+        )
+        spec = specs.get_model_spec("qwen3_next")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setitem(spec.flavors, "debugmodel", flavor)
+            with pytest.raises(ConfigError) as e:
+                plan_job(cfg, world_size=world)
+        assert "parallelism.tensor_parallel_degree: 2 does not divide the model's " in str(e.value)
+        assert "linear_n_key_heads (1)" in str(e.value)
+    else:
+        with pytest.raises(ConfigError) as e:
+            plan_job(cfg, world_size=world)
+        assert "chunks of 2 positions, shorter than the model's convolution reads back (3)" in (
+            str(e.value)
+        )
+
+
+def test_gated_attention_halves_the_heads_output_when_the_gates_are_zero():
+    """``GroupedQueryAttention(gated=True)`` on its own forward: with the gate rows of ``wqkv``
+    zero every head's output is scaled by sigmoid(0) = 1/2 before ``wo`` (``wo`` has no bias), so
+    the result is half the ungated attention's on the same query, key and value rows."""
+    from torchtitan.models.common import rope
+    from torchtitan.models.common.blocks import GroupedQueryAttention
+
+    torch.manual_seed(0)
+    gated = GroupedQueryAttention(32, 4, 2, 8, rope.apply_half_split, gated=True)
+    plain = GroupedQueryAttention(32, 4, 2, 8, rope.apply_half_split)
+    with torch.no_grad():
+        rows = gated.wqkv.weight.view(2, 2 * 2 + 2, 8, 32)  # [groups, 2 r + 2, D, dim]
+        rows[:, 1:4:2] = 0  # each query head's gate rows
+        plain.wqkv.weight.copy_(torch.cat([rows[:, 0:4:2], rows[:, 4:]], dim=1).flatten(0, 2))
+        plain.wo.weight.copy_(gated.wo.weight)
+    table = rope.half_split_table(rope.angles(rope.inv_freqs(8, 10_000.0), 16))
+    x = torch.randn(2, 10, 32)
+    assert torch.allclose(gated(x, table), plain(x, table) / 2, atol=1e-6)

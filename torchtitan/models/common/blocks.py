@@ -150,9 +150,9 @@ class GroupedQueryAttention(nn.Module):
         return self.wo(out.reshape(bsz, seq_len, -1))
 
     def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, mask: Any = None) -> torch.Tensor:
-        xq, xk, xv = self.project(x)
+        xq, xk, xv, *gate = self.project(x)
         xq, xk = self.rotary(xq, xk, rope_cache)
-        return self.attend(xq, xk, xv, mask)
+        return self.attend(xq, xk, xv, mask, *gate)
 
     def init_weights(self, init_std: float) -> None:
         """wqkv and the sinks: truncated normal std 0.02; wo: the given (depth-scaled) std;

@@ -155,6 +155,8 @@ def gated_delta_chunked(
         state = q.new_zeros(batch, heads, dk, v.shape[-1])
     state = state.float()
     outs = []
+    # a Python loop: under torch.compile it is unrolled, one copy per chunk (64 at 4096
+    # positions); a sequence length of its own compiles its own graph
     # unbound once: indexing chunk i in the loop would cost a full-size gradient per chunk in
     # backward (quadratic in the sequence; measured 3x slower per token at 32768 than at 8192)
     chunks = (x.unbind(2) for x in (new_values, state_keys, q_state, inner, k_out, chunk_decay))
@@ -187,7 +189,7 @@ def causal_conv(
     tail_doc_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Depthwise causal convolution: ``out[t] = sum_s weight[:, K - 1 - s] * x[t - s]`` over
-    ``s < K`` (``F.conv1d`` with ``K - 1`` positions of left padding: the same numbers),
+    ``s < K`` (``F.conv1d`` with ``K - 1`` positions of left padding), accumulated in float32,
     ``x [B, T, C]``, ``weight [C, K]``. With ``doc_ids [B, T]``, a position before the document
     of ``t`` adds nothing. ``tail [B, K - 1, C]``: the positions before ``x`` (the previous part
     of the sequence, with their ``tail_doc_ids``); None: the sequence starts here."""
@@ -200,12 +202,13 @@ def causal_conv(
             tail_doc_ids = doc_ids[:, :1].expand(-1, width)
         docs = torch.cat([tail_doc_ids, doc_ids], dim=1)
     t, out = x.shape[1], None
+    full, weight = full.float(), weight.float()  # accumulated in float32, rounded once
     for s in range(width + 1):
-        term = full[:, width - s : width - s + t] * weight[:, width - s].to(x.dtype)
+        term = full[:, width - s : width - s + t] * weight[:, width - s]
         if doc_ids is not None and s:
-            term = term * (docs[:, width - s : width - s + t] == doc_ids)[..., None].to(x.dtype)
+            term = term * (docs[:, width - s : width - s + t] == doc_ids)[..., None]
         out = term if out is None else out + term
-    return out
+    return out.to(x.dtype)
 
 
 def gated_rms_norm(

@@ -113,6 +113,8 @@ class MoEArgs:
             )
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must be in 1..num_experts ({self.num_experts})")
+        if self.shared_gate and self.shared_hidden_dim <= 0:
+            raise ValueError("shared_gate needs a shared expert (shared_hidden_dim > 0)")
         if self.every < 1:
             raise ValueError(f"every ({self.every}) must be at least 1")
         if self.num_groups > 1:
@@ -394,9 +396,7 @@ class MoE(nn.Module):
         self.shared_experts = (
             FeedForward(dim, args.shared_hidden_dim) if args.shared_hidden_dim > 0 else None
         )
-        self.shared_gate = (
-            SharedGate(dim) if args.shared_gate and self.shared_experts is not None else None
-        )
+        self.shared_gate = SharedGate(dim) if args.shared_gate else None
         # persistent: the routing a checkpoint resumes with; zero unless load balancing moves it
         self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
         # the tokens routed to each expert, and the auxiliary loss's sum over sequences and the

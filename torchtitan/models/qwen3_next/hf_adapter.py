@@ -165,14 +165,23 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
     def args_from_hf_config(cls, config: dict) -> Qwen3NextModelArgs:
         """Our hyper-parameters from a ``transformers`` Qwen3-Next ``config.json``; a key the file
         leaves out takes ``Qwen3NextConfig``'s default."""
-        if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1:
-            raise HFFormatError(
-                "config.json: this Qwen3-Next model has no dense layers (mlp_only_layers empty, "
-                "decoder_sparse_step 1)"
-            )
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise HFFormatError(f"config.json: rope type {rope.get('rope_type')!r} is not built")
+        unsupported = []
+        if config.get("mlp_only_layers"):
+            unsupported.append(f"mlp_only_layers {config['mlp_only_layers']}")
+        if str(config.get("decoder_sparse_step", 1)) != "1":
+            unsupported.append(f"decoder_sparse_step {config['decoder_sparse_step']}")
+        if config.get("attention_bias"):
+            unsupported.append("attention_bias true")
+        if config.get("hidden_act", "silu") != "silu":
+            unsupported.append(f"hidden_act {config['hidden_act']!r}")
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            unsupported.append(f"rope type {rope_type!r}")
+        if unsupported:
+            raise HFFormatError(
+                "config.json: this Qwen3-Next model does not implement " + ", ".join(unsupported)
+            )
         try:
             n_layers = int(config.get("num_hidden_layers", 48))
             interval = int(config.get("full_attention_interval", 4))
@@ -186,8 +195,9 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
                 n_heads=heads,
                 n_kv_heads=int(config.get("num_key_value_heads", 2)),
                 head_dim=int(config.get("head_dim", 256)),
+                # transformers takes rope_parameters' value first
                 partial_rotary_factor=float(
-                    config.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
+                    rope.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 0.25
                 ),
                 hidden_dim=int(config.get("intermediate_size", 5632)),
                 vocab_size=int(config.get("vocab_size", 151936)),

@@ -147,6 +147,15 @@ class Qwen3NextModelArgs:
         """The width tensor parallelism splits: every expert's."""
         return self.moe.hidden_dim
 
+    def tensor_parallel_sizes(self) -> tuple[tuple[str, int], ...]:
+        """What tensor parallelism splits beyond the decoder's sizes: whole key-head groups of
+        the linear layers."""
+        return (("linear_n_key_heads", self.linear_n_key_heads),)
+
+    def context_parallel_reach(self) -> int:
+        """The positions before a chunk its first ones read: the convolution's ``K - 1``."""
+        return self.linear_conv_kernel - 1
+
     def mixer_flops(self, seq_len: int) -> list[float]:
         """Each layer's training FLOPs per token beyond its parameters': causal attention's
         over the sequence (``attention_flops``), or the delta rule's (``delta_rule_flops``: the

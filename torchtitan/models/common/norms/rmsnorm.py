@@ -139,6 +139,10 @@ class ZeroCenteredRMSNorm(RMSNorm):
     parameter from :class:`RMSNorm`'s (its zero is their one): a model chooses it by its
     architecture, not ``norm_type``."""
 
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__(dim, eps)
+        self.reset_parameters()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -160,8 +164,8 @@ def build_norm(norm_type: str, dim: int, eps: float, zero_centered: bool = False
     if zero_centered:
         if norm_type != "rmsnorm":
             raise ValueError(
-                f"norm_type {norm_type!r}: this model's norms are zero-centered, which only "
-                "norm_type 'rmsnorm' implements; use it"
+                f"model.norm_type {norm_type!r}: this model's norms are zero-centered, which "
+                "only 'rmsnorm' implements; use it"
             )
         return ZeroCenteredRMSNorm(dim, eps=eps)
     return _NORMS[norm_type](dim, eps=eps)
