@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import pytest
 from launcher import COMPILE_AOT_EAGER, PP2_1F1B, expert_parallel, local_batch
-from moe_layouts import BLOCK_CAUSAL, MoELayoutSuite
+from moe_layouts import BLOCK_CAUSAL, CP2, ETP2, TP2, MoELayoutSuite
 from repo_paths import ROOT
 
 CONFIG = str(ROOT / "train_configs" / "gpt_oss_debug.toml")
-TP2 = ["--parallelism.tensor_parallel_degree", "2"]
-ETP2 = ["--parallelism.expert_tensor_parallel_degree", "2"]
-CP2 = ["--parallelism.context_parallel_degree", "2"]
 _batch = local_batch
 # id -> (processes, arguments); local batch sizes keep the global batch at 8 sequences
 LAYOUTS = {

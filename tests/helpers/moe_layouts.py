@@ -19,6 +19,9 @@ from launcher import (
 )
 
 BLOCK_CAUSAL = ["--model.attn_mask_type", "block_causal"]
+TP2 = ["--parallelism.tensor_parallel_degree", "2"]
+ETP2 = ["--parallelism.expert_tensor_parallel_degree", "2"]  # experts split over TP too
+CP2 = ["--parallelism.context_parallel_degree", "2"]
 Values = dict[str, dict[int, float]]
 
 

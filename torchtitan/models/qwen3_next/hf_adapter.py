@@ -31,7 +31,6 @@ from torchtitan.models.common.blocks import fuse_qkv, split_qkv
 from torchtitan.models.common.moe import MoEArgs
 from torchtitan.models.qwen3_moe.hf_adapter import Qwen3MoeStateDictAdapter
 from torchtitan.models.qwen3_next.model import (
-    LAYER_TYPES,
     Qwen3NextModelArgs,
     default_layer_types,
     qwen3_next_moe,
@@ -230,6 +229,3 @@ def _moe_args(config: dict) -> MoEArgs:
     )
     moe.route_norm = bool(config.get("norm_topk_prob", True))
     return moe
-
-
-assert set(LAYER_TYPES) == {"linear_attention", "full_attention"}  # transformers' names
