@@ -27,17 +27,18 @@ Values = dict[str, dict[int, float]]
 
 class MoELayoutSuite:
     """The runs of one family (``config``: its debug train config; ``model``: the start-up
-    log's model line, e.g. ``"Model gpt_oss debugmodel"``)."""
+    log's model line, e.g. ``"Model gpt_oss debugmodel"``; ``moe``: whether that model has
+    experts, whose load the run logs)."""
 
-    def __init__(self, config: str, model: str) -> None:
-        self.config, self.model = config, model
+    def __init__(self, config: str, model: str, moe: bool = True) -> None:
+        self.config, self.model, self.moe = config, model, moe
         self._baselines: dict[tuple[str, ...], Values] = {}
 
     def run(self, pools, tmp_path, ngpu: int, extra: list[str]) -> Values:
         out = pooled(pools, tmp_path, *LAYOUT_SUITE_ARGS, *extra, ngpu=ngpu, config=self.config)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert self.model in out.stdout, out.stdout[-3000:]
-        assert "moe: load max/mean" in out.stdout
+        assert ("moe: load max/mean" in out.stdout) == self.moe, out.stdout[-3000:]
         values = {
             tag: tensorboard_scalars_all_runs(tmp_path / "out", tag)
             for tag in ("loss", "grad_norm")

@@ -6,6 +6,7 @@ from torchtitan.models import (  # noqa: F401
     llama,
     llama4,
     qwen3,
+    qwen3_5,
     qwen3_moe,
     qwen3_next,
 )

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 import torch
-from hf_oracle import export, greedy_tokens, hf_from
+from hf_oracle import export, far_from_init, greedy_tokens, hf_from, logits_gap, round_trip
 
 from torchtitan.models.common.decoder import get_nparams_and_flops
 from torchtitan.models.common.moe import inactive_params
@@ -48,20 +48,7 @@ TINY = Qwen3NextModelArgs(
 
 
 def _ours(args: Qwen3NextModelArgs = TINY) -> Qwen3NextModel:
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        model = Qwen3NextModel(args)
-    model.to_empty(device="cpu")
-    model.init_weights()
-    with torch.no_grad():  # zero-centered norms, gates and the router away from their init
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(-0.5, 0.5)
-            elif "router" in name or "shared_gate" in name:
-                p.normal_(0, 1)
-            elif "experts.w" in name:
-                p.normal_(0, 0.1)
-    return model.eval()
+    return far_from_init(Qwen3NextModel, args)
 
 
 def _tokens(n: int = 40, seed: int = 1) -> torch.Tensor:
@@ -74,10 +61,7 @@ def test_transformers_computes_the_same_logits(tmp_path):
     hf = hf_from(tmp_path, "Qwen3NextForCausalLM")
     assert hf.config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
     tokens = _tokens()
-    with torch.no_grad():
-        expected = ours(tokens)
-        got = hf(tokens).logits.float()
-    assert (got - expected).abs().max().item() < 1e-4
+    assert logits_gap(ours, hf, tokens) < 1e-4
     for layer in ours.layers.values():  # the routing is exercised
         assert (layer.moe.tokens_per_expert > 0).sum() >= TINY.moe.num_experts // 2
 
@@ -101,14 +85,7 @@ def test_hf_round_trip_is_exact(tmp_path):
     hf = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**config))
     hf.save_pretrained(tmp_path)
     hf_state = safetensors.load_file(tmp_path / "model.safetensors")
-    adapter = Qwen3NextStateDictAdapter(TINY)
-    expected = {k: v.shape for k, v in Qwen3NextModel(TINY).state_dict().items()}
-    ours = adapter.from_hf(hf_state, expected)
-    assert ours.keys() == expected.keys()
-    back = adapter.to_hf(ours)
-    assert back.keys() == hf_state.keys()
-    for k in hf_state:
-        assert torch.equal(back[k], hf_state[k]), k
+    round_trip(Qwen3NextStateDictAdapter(TINY), Qwen3NextModel, TINY, hf_state)
 
 
 def test_config_round_trip():
@@ -197,14 +174,8 @@ def test_the_prediction_depth_round_trips_under_mtp_and_is_left_out_without_it(t
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         hf_state[f"mtp.{norm}.weight"] = torch.randn(dim)
 
-    expected = {k: v.shape for k, v in Qwen3NextModel(args).state_dict().items()}
-    ours = Qwen3NextStateDictAdapter(args).from_hf(hf_state, expected)
-    assert ours.keys() == expected.keys()
+    ours = round_trip(Qwen3NextStateDictAdapter(args), Qwen3NextModel, args, hf_state)
     assert torch.equal(ours["mtp_layers.4.eh_proj.weight"], hf_state["mtp.fc.weight"])
-    back = Qwen3NextStateDictAdapter(args).to_hf(ours)
-    assert back.keys() == hf_state.keys()
-    for k in hf_state:
-        assert torch.equal(back[k], hf_state[k]), k
 
     without = {k: v.shape for k, v in Qwen3NextModel(TINY).state_dict().items()}
     assert Qwen3NextStateDictAdapter(TINY).from_hf(hf_state, without).keys() == without.keys()

@@ -30,7 +30,7 @@ class Qwen3MoeStateDictAdapter(Qwen3StateDictAdapter):
 
     def __init__(self, args: Any) -> None:
         super().__init__(args)
-        n = args.moe.num_experts
+        n = args.moe.num_experts if args.moe is not None else 0  # a dense subclass: none
         self.layer_names = {
             **Qwen3StateDictAdapter.layer_names,
             "moe.router.gate.weight": "mlp.gate.weight",

@@ -36,7 +36,7 @@ from torchtitan.models.qwen3_next.model import (
     qwen3_next_moe,
 )
 
-__all__ = ["Qwen3NextStateDictAdapter"]
+__all__ = ["Qwen3NextStateDictAdapter", "hybrid_config"]
 
 _LINEAR = ("in_proj_qkvz.weight", "in_proj_ba.weight", "A_log", "dt_bias", "norm.weight")
 # a prediction depth's own tensors (models/common/mtp.py) <-> theirs under ``mtp.``
@@ -50,8 +50,22 @@ _OUR_MTP = re.compile(r"^mtp_layers\.(\d+)\.(.+)$")
 _HF_MTP_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
+def hybrid_config(a: Qwen3NextModelArgs) -> dict[str, Any]:
+    """The ``config.json`` keys of the layer pattern and the linear layers."""
+    return {
+        "layer_types": list(a.kinds()),
+        "full_attention_interval": a.full_attention_interval,
+        "linear_num_key_heads": a.linear_n_key_heads,
+        "linear_num_value_heads": a.linear_n_value_heads,
+        "linear_key_head_dim": a.linear_key_head_dim,
+        "linear_value_head_dim": a.linear_value_head_dim,
+        "linear_conv_kernel_dim": a.linear_conv_kernel,
+    }
+
+
 class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
     model_type = "qwen3_next"
+    family = "Qwen3-Next"  # in error messages
     mtp_copies = False  # the depth shares the model's embedding and head
 
     def __init__(self, args: Any) -> None:
@@ -75,7 +89,7 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
             return super().hf_name(name)
         if int(m.group(1)) != self.args.n_layers:
             raise HFFormatError(
-                f"parameter '{name}': Qwen3-Next's Hugging Face layout holds one prediction "
+                f"parameter '{name}': {self.family}'s Hugging Face layout holds one prediction "
                 "depth (mtp.*); use model.num_mtp_layers 1 or 0 to exchange it"
             )
         rest = m.group(2)
@@ -84,7 +98,7 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
         inner = rest.removeprefix("block.")
         if rest.startswith("block.") and inner in self.layer_names:
             return f"mtp.layers.0.{self.layer_names[inner]}"
-        raise HFFormatError(f"parameter '{name}' has no Hugging Face qwen3_next counterpart")
+        raise HFFormatError(f"parameter '{name}' has no Hugging Face {self.model_type} counterpart")
 
     def our_name(self, hf: str) -> str | None:
         if not hf.startswith("mtp."):
@@ -147,13 +161,7 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
             model_type="qwen3_next",
             intermediate_size=a.hidden_dim,
             partial_rotary_factor=a.partial_rotary_factor,
-            layer_types=list(a.kinds()),
-            full_attention_interval=a.full_attention_interval,
-            linear_num_key_heads=a.linear_n_key_heads,
-            linear_num_value_heads=a.linear_n_value_heads,
-            linear_key_head_dim=a.linear_key_head_dim,
-            linear_value_head_dim=a.linear_value_head_dim,
-            linear_conv_kernel_dim=a.linear_conv_kernel,
+            **hybrid_config(a),
             shared_expert_intermediate_size=moe.shared_hidden_dim,
         )
         if a.num_mtp_layers:  # the published file has no key for it; Qwen3.5's name
@@ -179,7 +187,7 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
             unsupported.append(f"rope type {rope_type!r}")
         if unsupported:
             raise HFFormatError(
-                "config.json: this Qwen3-Next model does not implement " + ", ".join(unsupported)
+                f"config.json: this {cls.family} model does not implement " + ", ".join(unsupported)
             )
         try:
             n_layers = int(config.get("num_hidden_layers", 48))
@@ -216,7 +224,7 @@ class Qwen3NextStateDictAdapter(Qwen3MoeStateDictAdapter):
             )
         except (KeyError, TypeError, ValueError) as e:
             raise HFFormatError(
-                f"config.json is not a Qwen3-Next config this model can build ({e!r})"
+                f"config.json is not a {cls.family} config this model can build ({e!r})"
             ) from e
 
 

@@ -13,7 +13,8 @@ are in docs/design/qwen3_next.md.
   ``weight`` starting at zero; the DeltaNet's gated output norm is not (scale ``weight``, from one).
 * Every feed-forward a mixture of experts: softmax router over all experts, top-k renormalized,
   512 experts of width 512 with top-10, plus a shared expert of width 512 whose output is scaled
-  by ``sigmoid`` of a linear of the token.
+  by ``sigmoid`` of a linear of the token. (Qwen3.5's dense sizes, ``models/qwen3_5``: ``moe``
+  None, every feed-forward a SwiGLU of width ``hidden_dim``.)
 * Untied output head, no embedding scale, RMSNorm eps 1e-6.
 
 The published checkpoint also holds a multi-token-prediction depth (``mtp.*``, a gated
@@ -83,7 +84,7 @@ class Qwen3NextModelArgs:
     n_kv_heads: int | None = 2  # num_key_value_heads; None: same as n_heads
     head_dim: int = 256  # head_dim
     partial_rotary_factor: float = 0.25  # the rotated share of each head
-    hidden_dim: int = 5120  # intermediate_size: the width of a dense layer (none by default)
+    hidden_dim: int = 5120  # intermediate_size: a dense feed-forward's width (when moe is None)
     vocab_size: int = -1  # vocab_size; -1: set from the tokenizer at build time
     tokenizer_vocab_size: int | None = field(default=None, compare=False)
     norm_eps: float = 1e-6  # rms_norm_eps (every norm, the DeltaNet's gated one included)
@@ -111,7 +112,9 @@ class Qwen3NextModelArgs:
     zero_centered_norms: bool = field(default=True, init=False)  # the architecture's, always
     # "causal" or "block_causal" (how a run trains: not in config.json, not compared)
     attn_mask_type: str = field(default="causal", compare=False)
-    moe: MoEArgs = field(default_factory=lambda: qwen3_next_moe(512, 10, 512, 512))
+    # the feed-forwards' experts; None: every feed-forward dense, of width hidden_dim (the
+    # Qwen3.5 dense sizes, models/qwen3_5)
+    moe: MoEArgs | None = field(default_factory=lambda: qwen3_next_moe(512, 10, 512, 512))
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -144,8 +147,8 @@ class Qwen3NextModelArgs:
         return default_layer_types(self.n_layers, self.full_attention_interval)
 
     def ffn_hidden_dim(self) -> int:
-        """The width tensor parallelism splits: every expert's."""
-        return self.moe.hidden_dim
+        """The width tensor parallelism splits: every expert's, or the dense feed-forward's."""
+        return self.moe.hidden_dim if self.moe is not None else self.hidden_dim
 
     def tensor_parallel_sizes(self) -> tuple[tuple[str, int], ...]:
         """What tensor parallelism splits beyond the decoder's sizes: whole key-head groups of
