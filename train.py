@@ -24,6 +24,7 @@ from torchtitan.observability.log import add_log_file, init_logger, logger
 from torchtitan.resilience.preemption import Interrupted, Preempted, Preemption
 from torchtitan.resilience.watchdog import HangWatchdog
 from torchtitan.train import builders, runtime
+from torchtitan.train.downstream import DownstreamEvaluator
 from torchtitan.train.loop import Loop
 from torchtitan.train.validation import Validator
 
@@ -49,6 +50,12 @@ def train(job_config: JobConfig) -> None:
     model = builders.build_model(job_config, rt, tokenizer.n_words, on_meta=startup.lap)
     runner = builders.build_step_runner(job_config, rt, model)
     validator = Validator(job_config, dataloader=val_loader, runner=runner) if val_loader else None
+    # downstream tasks (eval.tasks), read and tokenized now: a malformed file stops the run here
+    evaluator = (
+        DownstreamEvaluator(job_config, runner=runner, tokenizer=tokenizer)
+        if job_config.eval.enable
+        else None
+    )
     startup.lap("parallelize and materialize")
 
     # ---- optimizer and schedule
@@ -87,6 +94,7 @@ def train(job_config: JobConfig) -> None:
         metrics=metrics,
         checkpointer=checkpointer,
         validator=validator,
+        evaluator=evaluator,
         train_state=train_state,
         preemption=preemption,
     )

@@ -20,7 +20,6 @@ makes the last stdout line ``{"prompt_ids": [...], "output_ids": [...], "text": 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -30,48 +29,16 @@ from _common import progress, run
 
 
 def load_model(checkpoint: str, model: str, flavor: str | None):
+    from torchtitan.evaluation.inference import load_model as load
 
-    from torchtitan.errors import ConfigError
-    from torchtitan.models.spec import get_model_args, get_model_spec
-
-    if os.path.isfile(os.path.join(checkpoint, "config.json")):
-        from torchtitan.checkpoint.hf_files import read_hf_model
-
-        spec, args, state = read_hf_model(checkpoint, "--checkpoint")
-    else:
-        from torchtitan.checkpoint import read_model_weights
-
-        if flavor is None:
-            raise ConfigError("--flavor: needed for a DCP checkpoint (e.g. --flavor 8B)")
-        state = read_model_weights(checkpoint, progress=progress("read checkpoint"))
-        vocab = state["tok_embeddings.weight"].shape[0]
-        args = dataclasses.replace(get_model_args(model, flavor), vocab_size=vocab)
-        spec = get_model_spec(model)
-    net = spec.cls(args)
-    if spec.state_dict_adapter is not None:  # a checkpoint from before the fused wqkv: merge
-        adapter = spec.state_dict_adapter(args)
-        state = adapter.fuse(state, net.state_dict())
-    missing, unexpected = net.load_state_dict(state, strict=False)
-    allowed_missing = {"output.weight"} if args.tie_word_embeddings else set()
-    if unexpected or set(missing) - allowed_missing:
-        raise ConfigError(f"--checkpoint: weights do not fit the model ({missing} {unexpected})")
-    return net.float().eval(), args
+    return load(checkpoint, model, flavor, progress=progress("read checkpoint"))
 
 
 def load_tokenizer(tokenizer: str | None, checkpoint: str):
     """``--tokenizer`` (a file or a folder), else the tokenizer of the ``--checkpoint`` folder."""
-    from torchtitan.data.tokenizer import build_tokenizer, tokenizer_file_in
-    from torchtitan.errors import ConfigError
+    from torchtitan.evaluation.inference import load_tokenizer as load
 
-    if tokenizer:
-        return build_tokenizer(tokenizer, key="--tokenizer")
-    if os.path.isdir(checkpoint) and tokenizer_file_in(checkpoint) is not None:
-        return build_tokenizer(checkpoint, key="--checkpoint")
-    raise ConfigError(
-        f"--tokenizer: needed, since --checkpoint {checkpoint!r} holds no tokenizer "
-        "(tokenizer.json, tokenizer.model or original/tokenizer.model); give a tokenizer file or "
-        "a Hugging Face model folder"
-    )
+    return load(tokenizer, checkpoint)
 
 
 class Sampling(NamedTuple):

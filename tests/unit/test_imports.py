@@ -33,6 +33,9 @@ ALLOWED: dict[str, set[str]] = {
     "observability": {"config", "distributed"},
     "resilience": {"config", "distributed"},
     "checkpoint": {"config", "distributed", "models.spec", "models.common", "observability"},
+    # downstream tasks and scoring, a trained model loaded for inference
+    "evaluation": {"config", "data", "checkpoint", "models.spec"},
+    "lm_eval": {"evaluation"},  # lm-eval's model (python -m torchtitan.lm_eval)
     "train": {
         "config",
         "data",
@@ -41,6 +44,7 @@ ALLOWED: dict[str, set[str]] = {
         "models.spec",
         "optim",
         "checkpoint",
+        "evaluation",
         "observability",
         "resilience",
         "quantization",

@@ -501,6 +501,39 @@ class Validation:
 
 
 @dataclass
+class Eval:
+    enable: bool = opt(
+        False,
+        "Score multiple-choice tasks (lm-eval's acc and acc_norm) every freq steps and after "
+        "the last",
+    )
+    tasks: list | None = opt(
+        None,
+        "[[eval.tasks]] tables: name (a built-in task: hellaswag, arc_easy, arc_challenge, piqa, "
+        "openbookqa, winogrande, sciq; or any), path (a JSON-lines file), optional layout, "
+        "doc_to_text / doc_to_choice / doc_to_target / target_delimiter (lm-eval's keys), limit "
+        "(see docs/evaluation.md); on the command line JSON or name:path,...",
+    )
+    freq: int = opt(500, "Evaluate every N training steps (and after the last)", ge=1)
+    local_batch_size: int = opt(
+        0, "Requests (context + one choice) per rank per batch; 0 = training.local_batch_size", ge=0
+    )
+    seq_len: int = opt(
+        0, "Tokens per request row (a longer request keeps its end); 0 = training.seq_len", ge=0
+    )
+    add_bos: bool = opt(
+        True,
+        "Start each context with the tokenizer's BOS token (as training documents start, and as "
+        "a Hugging Face tokenizer that adds BOS encodes for lm-eval)",
+    )
+    save_samples: bool = opt(
+        True,
+        "Write each document's choice log-likelihoods and prediction to "
+        "job.dump_folder/eval/step-N/TASK.jsonl (lm-eval's samples)",
+    )
+
+
+@dataclass
 class Debug:
     seed: int | None = opt(
         None,
@@ -584,6 +617,7 @@ class JobConfig:
     compile: Compile = field(default_factory=Compile)
     profiling: Profiling = field(default_factory=Profiling)
     validation: Validation = field(default_factory=Validation)
+    eval: Eval = field(default_factory=Eval)
     debug: Debug = field(default_factory=Debug)
     comm: Comm = field(default_factory=Comm)
     resilience: Resilience = field(default_factory=Resilience)

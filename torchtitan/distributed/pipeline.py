@@ -482,6 +482,7 @@ class Pipeline:
         self.device = device
         self.group = group
         self.stage_indices = sorted(parts)
+        self.parts = [parts[s] for s in self.stage_indices]
         self.has_first = 0 in parts
         self.has_last = plan.num_stages - 1 in parts
         self.last_rank = plan.stage_rank(plan.num_stages - 1)
@@ -531,6 +532,36 @@ class Pipeline:
                 **_stage_kwargs(doc_ids),
             )
         return self._broadcast_sum(losses)
+
+    def forward_rows(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        doc_ids: torch.Tensor | None,
+        row_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Each row's ``row_loss`` (``[rows]``: a value per sequence of the local batch, in
+        order) forward only, on every pipeline rank (broadcast from the last stage's)."""
+        args = (inputs,) if self.has_first else ()
+        losses: list[torch.Tensor] = []
+        training_loss = self.loss_fn
+        self.loss_fn = lambda output, target, _divisor: row_loss(output, target)
+        try:
+            with torch.no_grad(), self._divided_by(1.0):
+                self.schedule.eval(
+                    *args,
+                    target=labels if self.has_last else None,
+                    losses=losses if self.has_last else None,
+                    **_stage_kwargs(doc_ids),
+                )
+        finally:
+            self.loss_fn = training_loss
+        if self.has_last:
+            rows = torch.cat([full_tensor(x).float().reshape(-1) for x in losses])
+        else:
+            rows = torch.zeros(labels.shape[0], device=self.device)
+        dist.broadcast(rows, group=self.group, group_src=self.last_rank)
+        return rows
 
     def _broadcast_sum(self, losses: list[torch.Tensor]) -> torch.Tensor:
         """The sum of the last stage's micro-batch losses, broadcast to every pipeline rank."""

@@ -161,6 +161,21 @@ class MetricsProcessor:
         self._last_log_time = time.perf_counter()
         return values
 
+    def log_downstream(self, step: int, results: list, secs: float) -> None:
+        """One console line per task (rank 0) and ``eval/TASK/METRIC`` (``acc``, ``acc_norm``)
+        for each (``results``: the evaluator's per-task scores)."""
+        if self.is_rank0:
+            c = self.colors
+            for r in results:
+                scores = "  ".join(f"{k}: {v:.4f}" for k, v in r.scores.items())
+                logger.info(
+                    f"{c.cyan}eval: step {step}  {r.name}  {scores}{c.reset}  ({r.docs} documents)"
+                )
+            logger.info(f"eval: step {step} took {secs:.2f}s")
+        scalars = {f"eval/{r.name}/{k}": v for r in results for k, v in r.scores.items()}
+        for sink in self.sinks:
+            sink.write(scalars, step)
+
     def log_validation(
         self, step: int, loss: float, perplexity: float, batches: int, secs: float
     ) -> None:

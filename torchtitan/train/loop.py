@@ -30,6 +30,7 @@ from torchtitan.resilience.verdict import GO_ON, Action, Verdict
 from torchtitan.resilience.watchdog import HangWatchdog
 from torchtitan.train import runtime
 from torchtitan.train.builders import Runtime
+from torchtitan.train.downstream import DownstreamEvaluator
 from torchtitan.train.loss import MTPLoss
 from torchtitan.train.step import StepRunner
 from torchtitan.train.validation import Validator
@@ -47,7 +48,7 @@ class StepHook(Protocol):
 @dataclass(kw_only=True)
 class Loop:
     """The training steps: batch -> step runner -> clip -> guards -> optimizer -> metrics ->
-    validation -> checkpoint, from the step after the one resumed."""
+    validation -> downstream evaluation -> checkpoint, from the step after the one resumed."""
 
     job_config: JobConfig
     rt: Runtime
@@ -58,6 +59,7 @@ class Loop:
     metrics: MetricsProcessor
     checkpointer: CheckpointManager
     validator: Validator | None
+    evaluator: DownstreamEvaluator | None
     train_state: TrainState
     preemption: Preemption
     _mean_loss: tuple[int, float] = (0, 0.0)  # (step, its loss averaged over the ranks)
@@ -187,6 +189,8 @@ class Loop:
                     hook.after_step(step)
                 if self.validator is not None and self.validator.due(step):
                     self.metrics.log_validation(step, *self.validator.run())
+                if self.evaluator is not None and self.evaluator.due(step):
+                    self.metrics.log_downstream(step, *self.evaluator.run(step))
                 if not self.spike_guard.consecutive or step == t.steps:  # not amid spikes
                     self.checkpointer.maybe_save(step)
                 if step < t.steps:

@@ -213,6 +213,29 @@ def build_loss_fn(dims: ParallelDims, job_config: JobConfig, parts: list[nn.Modu
     return MTPLoss(loss_fn, depths, weight, holds_head=last is not None)
 
 
+def build_row_loss(parts: list[nn.Module]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``row_loss(prediction, labels) -> [B]``: each row's summed cross entropy over its valid
+    labels (minus its log-likelihood; evaluation's scoring), for what this rank's ``parts``
+    return: the main head's logits of a model with prediction depths, the logits of the final
+    norm's output where the loss applies the output projection (``training.loss_chunks``), a
+    vocab-parallel DTensor under tensor parallel (a DTensor comes back)."""
+    depths = mtp_depths(parts)
+    last = next((p for p in parts if getattr(p, "output", None) is not None), None)
+
+    def row_loss(prediction: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if depths:
+            prediction = prediction.chunk(1 + depths)[0]
+        if last is not None and getattr(last, "output_in_loss", False):
+            prediction = last.output(prediction)
+        flat = prediction.flatten(0, 1).float()
+        per_token = F.cross_entropy(
+            flat, labels.flatten(0, 1), ignore_index=IGNORE_INDEX, reduction="none"
+        )
+        return per_token.view(labels.shape).sum(1)
+
+    return row_loss
+
+
 def mtp_depths(parts: list[nn.Module]) -> int:
     """The model's multi-token-prediction depths (0: none), from its args (every stage's)."""
     args = getattr(parts[0], "args", None) if parts else None

@@ -64,7 +64,7 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
         spec = get_model_spec(job_config.model.name)
         model_args = resolve_model_args(job_config)
     if dims is not None:
-        for layout_check in (_check_validation, _check_sequence_split):
+        for layout_check in (_check_validation, _check_eval, _check_sequence_split):
             with problems.collect():
                 layout_check(job_config, dims)
     if dims is not None and model_args is not None:
@@ -290,20 +290,46 @@ def _check_family_supports_layout(dims: ParallelDims, spec: Any, name: str) -> N
 
 
 def _check_validation(job_config: JobConfig, dims: ParallelDims) -> None:
-    v, t = job_config.validation, job_config.training
+    v = job_config.validation
     if not v.enable:
         return
     check_data_config(v, section="validation")
-    seq_len, batch = v.seq_len or t.seq_len, v.local_batch_size or t.local_batch_size
+    _check_eval_shape("validation", v.seq_len, v.local_batch_size, job_config, dims)
+
+
+def _check_eval(job_config: JobConfig, dims: ParallelDims) -> None:
+    e = job_config.eval
+    if not e.enable:
+        return
+    from torchtitan.evaluation.tasks import parse_tasks
+
+    if not e.tasks:
+        raise ConfigError(
+            "eval.enable: true, but eval.tasks is empty; add [[eval.tasks]] tables with name "
+            "and path (docs/evaluation.md)"
+        )
+    for task in parse_tasks(e.tasks):
+        if not os.path.isfile(task.path):
+            raise ConfigError(f"eval.tasks: task '{task.name}': no file {task.path}")
+    _check_eval_shape("eval", e.seq_len, e.local_batch_size, job_config, dims)
+
+
+def _check_eval_shape(
+    section: str, seq_len: int, batch: int, job_config: JobConfig, dims: ParallelDims
+) -> None:
+    """An evaluation's batches (0: training's size) fit the model's rotary table, and have the
+    training shape where the pipeline or the sequence split fixes it."""
+    t = job_config.training
+    seq_len, batch = seq_len or t.seq_len, batch or t.local_batch_size
     if seq_len > t.seq_len:
         raise ConfigError(
-            f"validation.seq_len: {seq_len} is longer than training.seq_len ({t.seq_len}), the "
+            f"{section}.seq_len: {seq_len} is longer than training.seq_len ({t.seq_len}), the "
             "model's rotary table; use at most that"
         )
     fixed = [f"{n}={d}" for n, d in (("pp", dims.pp), ("cp", dims.cp)) if d > 1]
     if fixed and (seq_len, batch) != (t.seq_len, t.local_batch_size):
         raise ConfigError(
-            f"validation.seq_len / local_batch_size: with {' '.join(fixed)} validation batches "
+            f"{section}.seq_len / local_batch_size: with {' '.join(fixed)} {section} batches "
             f"must have the training shape ({t.local_batch_size} x {t.seq_len}); leave both 0"
         )
 

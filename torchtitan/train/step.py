@@ -29,7 +29,7 @@ from torchtitan.distributed.context_parallel import shard_sequence
 from torchtitan.distributed.data_parallel import param_dtype
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.utils import device_type, full_tensor
-from torchtitan.train.loss import LossFn, MTPLoss, loss_context, mtp_targets
+from torchtitan.train.loss import LossFn, MTPLoss, build_row_loss, loss_context, mtp_targets
 
 
 def autocast_for(job_config: JobConfig, dims: ParallelDims) -> contextlib.AbstractContextManager:
@@ -68,6 +68,8 @@ class StepRunner:
         self.model, self.pipeline, self.loss_fn, self.device = model, pipeline, loss_fn, device
         self.autocast = autocast_for(job_config, dims)
         self.block_causal = job_config.model.attn_mask_type == "block_causal"
+        parts = pipeline.parts if pipeline is not None else [model]
+        self.row_loss = build_row_loss(parts)
 
     def _local(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(inputs, labels, doc_ids)`` on the device, this rank's chunks of every sequence
@@ -126,3 +128,19 @@ class StepRunner:
                 return self.pipeline.forward_loss(inputs, labels, doc_ids), count
             loss = self.loss_fn(self._forward(inputs, doc_ids), labels, 1.0)  # the sum
         return full_tensor(loss).float(), count
+
+    def forward_row_loss(self, batch: Batch) -> torch.Tensor:
+        """Each row's summed loss over its valid labels (``[rows]`` float32, minus the row's
+        log-likelihood) without gradients, on every rank of the batch: whole under tensor
+        parallel, summed over the context-parallel ranks' chunks, broadcast from the last
+        pipeline stage."""
+        inputs, labels, doc_ids = self._local(batch)
+        with torch.no_grad(), loss_context(self.dims, self.job_config), self.autocast:
+            if self.pipeline is not None:
+                rows = self.pipeline.forward_rows(inputs, labels, doc_ids, self.row_loss)
+            else:
+                rows = full_tensor(self.row_loss(self._forward(inputs, doc_ids), labels))
+        rows = rows.float()
+        if self.dims.cp > 1:  # each rank scored its chunks of every row
+            dist.all_reduce(rows, group=self.dims.sub("cp").get_group())
+        return rows
