@@ -41,6 +41,7 @@ ONE_PROCESS_E2E = frozenset(
         "test_data_errors.py",
         "test_dataloader_throughput.py",
         "test_estimate_memory.py",
+        "test_lm_eval_oracle.py",
         "test_loss_compare.py",
         "test_mla_benchmark.py",
         "test_tokenizer.py",
