@@ -138,3 +138,26 @@ def test_the_torchtitan_lm_eval_model_on_the_dcp_checkpoint(one_process, task_di
     acc = json.loads(written.read_text())["results"]["tt_arc_easy"]["acc,none"]
     arc = samples(one_process)["arc_easy"]
     assert acc == pytest.approx(sum(s["acc"] for s in arc) / len(arc), abs=1e-12)
+
+
+@pytest.mark.slow
+def test_rolling_log_likelihoods_and_greedy_text_are_the_hf_models(one_process):
+    """``loglikelihood_rolling`` (a text longer than the model's 128 positions: several
+    windows) and ``generate_until`` (greedy, a stop string, a token budget) of our model on the
+    export against lm-eval's ``hf`` model on the same folder."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from torchtitan.lm_eval import TorchTitanLM
+
+    export = str(one_process / "checkpoint" / f"step-{STEPS}-hf")
+    ours = TorchTitanLM(checkpoint=export, batch_size=4)
+    theirs = HFLM(pretrained=export, device="cpu", batch_size=4, dtype="float32")
+    texts = ["def main(args):\n    return 0\n", "The module reads the files it is given. " * 30]
+    rolling = [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)]
+    mine, hf = ours.loglikelihood_rolling(rolling), theirs.loglikelihood_rolling(rolling)
+    assert all(abs(a - b) < 1e-3 for a, b in zip(mine, hf, strict=True)), (mine, hf)
+    assert len(ours.tok_encode(texts[1])) > 2 * ours.max_length  # several windows
+    budget = {"until": ["\n\n"], "max_gen_toks": 12, "do_sample": False}
+    gen = [Instance("generate_until", {}, (p, budget), i) for i, p in enumerate(["def ", "The "])]
+    assert ours.generate_until(gen) == theirs.generate_until(gen)

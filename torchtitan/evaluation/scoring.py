@@ -32,17 +32,16 @@ __all__ = ["choice_scores", "encode_pair", "request_rows"]
 def encode_pair(
     tokenizer: Any, context: str, continuation: str, add_bos: bool
 ) -> tuple[list[int], list[int]]:
-    """``(context ids, continuation ids)`` as lm-eval encodes a causal model's request."""
-    if not context:
-        cont = tokenizer.encode(continuation, bos=False, eos=False)
-        prefix = (
-            tokenizer.bos_id if tokenizer.bos_id is not None and tokenizer.bos_id >= 0 else None
-        )
-        prefix = tokenizer.eos_id if prefix is None else prefix
-        return ([prefix], cont) if not cont or cont[0] != prefix else (cont[:1], cont[1:])
+    """``(context ids, continuation ids)`` as lm-eval encodes a causal model's request (a
+    context of spaces alone counts as empty, its spaces moved to the continuation)."""
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
+    if not context:
+        cont = tokenizer.encode(continuation, bos=False, eos=False)
+        bos = tokenizer.bos_id
+        prefix = bos if bos is not None and bos >= 0 else tokenizer.eos_id
+        return ([prefix], cont) if not cont or cont[0] != prefix else (cont[:1], cont[1:])
     whole = tokenizer.encode(context + continuation, bos=add_bos, eos=False)
     ctx = tokenizer.encode(context, bos=add_bos, eos=False)
     return ctx, whole[len(ctx) :]

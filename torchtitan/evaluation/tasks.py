@@ -133,6 +133,15 @@ class Doc:
 
 _KEYS = ("name", "path", "layout", "limit", "doc_to_text", "doc_to_choice", "doc_to_target")
 _KEYS += ("target_delimiter",)
+# what each key may hold (lm-eval's YAML forms: a field or template, a fixed index, a list or a
+# mapping of the choices)
+_TYPES: dict[str, tuple[type, ...]] = {
+    "layout": (str,),
+    "target_delimiter": (str,),
+    "doc_to_text": (str, int),
+    "doc_to_choice": (str, list, dict),
+    "doc_to_target": (str, int),
+}
 
 
 def parse_tasks(raw: Any, key: str = "eval.tasks") -> list[TaskSpec]:
@@ -177,6 +186,15 @@ def _spec(entry: Any, where: str) -> TaskSpec:
         if not isinstance(entry.get(k), str) or not entry[k]:
             raise ConfigError(f"{where}: needs {k} (a string)")
     name = entry["name"]
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ConfigError(
+            f"{where}: name {name!r} names metrics and sample files: use letters, digits, '_', "
+            "'.' and '-'"
+        )
+    for k, kinds in _TYPES.items():
+        if k in entry and not isinstance(entry[k], kinds):
+            want = " or ".join(t.__name__ for t in kinds)
+            raise ConfigError(f"{where}.{k}: {entry[k]!r} is not a {want}")
     base_name = entry.get("layout", name if name in BUILTIN else None)
     if base_name is not None and base_name not in BUILTIN:
         raise ConfigError(
@@ -209,7 +227,8 @@ def read_task(spec: TaskSpec) -> list[Doc]:
     DataError naming the file, the line and the field."""
     if not os.path.isfile(spec.path):
         raise ConfigError(f"eval.tasks: task '{spec.name}': no file {spec.path}")
-    docs = []
+    docs: list[Doc] = []
+    fields: set[str] = set()  # the first document's: what names a field (lm-eval's columns)
     with open(spec.path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
@@ -223,20 +242,28 @@ def read_task(spec: TaskSpec) -> list[Doc]:
                 raise DataError(f"{where}: not a JSON object ({e.msg})") from e
             if not isinstance(raw, dict):
                 raise DataError(f"{where}: not a JSON object but {type(raw).__name__}")
-            docs.append(_doc(spec.layout, raw, where, len(docs)))
+            if not docs:
+                fields = set(_prepared(spec.layout, raw, where))
+            docs.append(_doc(spec.layout, raw, where, len(docs), fields))
     if not docs:
         raise DataError(f"{spec.path}: task '{spec.name}' has no documents")
     return docs
 
 
-def _doc(layout: Layout, raw: dict, where: str, index: int) -> Doc:
+def _prepared(layout: Layout, raw: dict, where: str) -> dict:
     try:
-        doc = layout.prepare(raw) if layout.prepare is not None else raw
+        return layout.prepare(raw) if layout.prepare is not None else raw
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise DataError(f"{where}: this task's documents need field {e}") from e
-    text = _render(layout.doc_to_text, doc, where, "doc_to_text")
-    choices = _render(layout.doc_to_choice, doc, where, "doc_to_choice")
-    target = _render(layout.doc_to_target, doc, where, "doc_to_target")
+
+
+def _doc(layout: Layout, raw: dict, where: str, index: int, fields: set[str]) -> Doc:
+    doc = _prepared(layout, raw, where)
+    text = _render(layout.doc_to_text, doc, where, "doc_to_text", fields)
+    choices = _render(layout.doc_to_choice, doc, where, "doc_to_choice", fields)
+    if isinstance(choices, dict):  # lm-eval: a mapping's values are the choices
+        choices = list(choices.values())
+    target = _render(layout.doc_to_target, doc, where, "doc_to_target", fields)
     if (
         not isinstance(choices, list)
         or len(choices) < 2
@@ -254,6 +281,12 @@ def _doc(layout: Layout, raw: dict, where: str, index: int) -> Doc:
             raise DataError(f"{where}: doc_to_text must give a string, got {text!r}")
         requests = tuple((text, f"{delim}{c}") for c in choices)
         gold = choices.index(target) if isinstance(target, str) and target in choices else target
+    empty = [i for i, (_, cont) in enumerate(requests) if not cont]
+    if empty:  # nothing to score (lm-eval stops on it too)
+        raise DataError(
+            f"{where}: choice {empty[0]} gives an empty continuation (target_delimiter "
+            f"{delim!r}); every choice needs text"
+        )
     if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
         raise DataError(
             f"{where}: doc_to_target gives {target!r}, not one of the {len(choices)} choices "
@@ -262,16 +295,21 @@ def _doc(layout: Layout, raw: dict, where: str, index: int) -> Doc:
     return Doc(requests, tuple(choices), gold, index)
 
 
-def _render(how: str | Callable[[dict], Any], doc: dict, where: str, key: str) -> Any:
-    """lm-eval's reading of a ``doc_to_*`` key: a function of the document, a field's value,
-    or a Jinja template whose text is read back as a literal where it looks like one (a list, or
-    an index for ``doc_to_target``)."""
+def _render(how: Any, doc: dict, where: str, key: str, fields: set[str]) -> Any:
+    """lm-eval's reading of a ``doc_to_*`` key: a function of the document, a fixed value (an
+    index, a list of choices), a field's value (a field of the task's first document: missing
+    from a later one is an error, not a literal), or a Jinja template whose text is read back as
+    a literal where it looks like one (a list, or an index)."""
     if callable(how):
         try:
             return how(doc)
         except (KeyError, ValueError, IndexError, TypeError) as e:
             raise DataError(f"{where}: {key}: this task's documents need field {e}") from e
-    if how in doc:
+    if not isinstance(how, str):
+        return how
+    if how in fields:
+        if how not in doc:
+            raise DataError(f"{where}: {key}: no field '{how}' (the task's first document has it)")
         return doc[how]
     from jinja2 import StrictUndefined, TemplateError
     from jinja2.sandbox import SandboxedEnvironment
@@ -282,13 +320,16 @@ def _render(how: str | Callable[[dict], Any], doc: dict, where: str, key: str) -
             return ""
 
     env = SandboxedEnvironment(undefined=Strict, keep_trailing_newline=True)
+    env.filters["regex_replace"] = lambda text, pattern, repl, count=0: re.sub(
+        pattern, repl, text, count=count
+    )  # lm-eval's filter
     try:
         text = env.from_string(how).render(**doc)
     except TemplateError as e:
         raise DataError(f"{where}: {key} '{how}': {e.message}") from e
     except (KeyError, ValueError, IndexError, TypeError) as e:
         raise DataError(f"{where}: {key} '{how}': {type(e).__name__} {e}") from e
-    if key != "doc_to_choice" and text.isdigit():
+    if key != "doc_to_choice" and text.isdigit():  # an index
         return int(text)
     if key == "doc_to_text" or (text[:1], text[-1:]) != ("[", "]"):
         return text

@@ -40,6 +40,7 @@ try:
     import lm_eval  # noqa: F401
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
+    from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(
@@ -52,6 +53,9 @@ from torchtitan.evaluation.scoring import request_rows
 from torchtitan.observability.log import logger
 
 __all__ = ["TorchTitanLM", "cli"]
+
+# what lm-eval adds to model_args itself (its --batch_size, --max_batch_size, --device)
+_LM_EVAL_KEYS = {"max_batch_size"}
 
 
 @register_model("torchtitan")
@@ -70,9 +74,15 @@ class TorchTitanLM(TemplateLM):
         device: str | None = None,
         batch_size: int | str = 8,
         max_gen_toks: int = 256,
-        **unused: Any,
+        **others: Any,
     ) -> None:
         super().__init__()
+        unknown = sorted(set(others) - _LM_EVAL_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"model_args: unknown key(s) {unknown}; valid: checkpoint, model, flavor, "
+                "tokenizer, max_length, add_bos_token, dtype, device, batch_size, max_gen_toks"
+            )
         if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
             raise ConfigError(f"model_args dtype: {dtype!r} is not a torch dtype (e.g. float32)")
         net, args = load_model(
@@ -89,6 +99,11 @@ class TorchTitanLM(TemplateLM):
             tokenizer, str(checkpoint), key="tokenizer", checkpoint_key="checkpoint"
         )
         self.max_length = int(max_length or args.max_seq_len)
+        if self.max_length > args.max_seq_len:
+            raise ConfigError(
+                f"model_args max_length: {self.max_length} is longer than the model's rotary "
+                f"table ({args.max_seq_len}); use at most that"
+            )
         self.add_bos = bool(add_bos_token)
         self.batch_size = 8 if str(batch_size).startswith("auto") else int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
@@ -108,10 +123,27 @@ class TorchTitanLM(TemplateLM):
         self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
     ) -> list[int]:
         bos = self.add_bos if add_special_tokens is None else add_special_tokens
+        prefix = self.tok_decode([self.prefix_token_id], skip_special_tokens=False)
+        if add_special_tokens is None and string.startswith(prefix):
+            bos = False  # the text starts with BOS already (HFLM's check)
         return self.tokenizer.encode(string, bos=bos, eos=False)
 
-    def tok_decode(self, tokens: list[int]) -> str:
+    def tok_decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``tokens``, special tokens left out by default (as HFLM decodes)."""
+        if skip_special_tokens:
+            tokens = [t for t in tokens if t not in self._special_ids]
         return self.tokenizer.decode(tokens)
+
+    @property
+    def _special_ids(self) -> set[int]:
+        """The tokenizer's special tokens: BOS, EOS, pad, and the ones it declares."""
+        tok = self.tokenizer
+        ids = {i for i in (tok.bos_id, tok.eos_id, tok.pad_id) if i is not None and i >= 0}
+        ids |= set(getattr(tok, "special_tokens", {}).values())  # tiktoken's
+        added = getattr(getattr(tok, "_model", None), "get_added_tokens_decoder", None)
+        if callable(added):  # a tokenizer.json's
+            ids |= {i for i, t in added().items() if getattr(t, "special", False)}
+        return ids
 
     def _loglikelihood_tokens(
         self, requests: list[tuple[Any, list[int], list[int]]], **kwargs: Any
@@ -162,36 +194,43 @@ class TorchTitanLM(TemplateLM):
 
     @torch.no_grad()
     def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
-        """Greedy text after each context, cut at the first of its ``until`` strings."""
+        """Greedy text after each context, as HFLM generates it: lm-eval's own reading of the
+        generation settings (``max_gen_toks`` and its aliases, ``until`` plus the EOS text),
+        the context cut to its last ``max_length - max_gen_toks`` tokens, the text cut at the
+        first stop string."""
         results = []
+        eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
         for context, gen_kwargs in [req.args for req in requests]:
-            kwargs = dict(gen_kwargs or {})
-            if kwargs.get("do_sample") and float(kwargs.get("temperature", 1.0)) > 0:
+            kwargs = normalize_gen_kwargs(dict(gen_kwargs or {}), self.max_gen_toks)
+            if kwargs.get("do_sample"):
                 raise ConfigError(
-                    "torchtitan lm-eval model: generation is greedy only; this task asks for "
-                    "do_sample (use a greedy task config, or the hf model on an export)"
+                    "torchtitan lm-eval model: generation is greedy only, and this task samples "
+                    f"({kwargs}); use a greedy task config, or the hf model on an export"
                 )
-            until = kwargs.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
-            budget = int(kwargs.get("max_gen_toks", self.max_gen_toks))
-            text = self._greedy(self.tok_encode(context), until, budget)
+            until = [u for u in handle_stop_sequences(kwargs.get("until"), eos=eos) if u]
+            budget = int(kwargs["max_gen_toks"])
+            if budget >= self.max_length:
+                raise ConfigError(
+                    f"max_gen_toks {budget} must be below the model's max_length "
+                    f"{self.max_length} (model_args max_length)"
+                )
+            ids = self.tok_encode(context)[-(self.max_length - budget) :]
+            text = self._greedy(ids, until, budget)
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
             results.append(text)
         return results
 
     def _greedy(self, ids: list[int], until: list[str], budget: int) -> str:
+        """Up to ``budget`` greedy tokens, stopping at EOS or once the text (special tokens
+        kept) holds a stop string; their text without special tokens, cut at the first stop."""
         new: list[int] = []
-        text = ""
         for _ in range(budget):
-            window = (ids + new)[-self.max_length :]
-            logits = self.net(torch.tensor([window], device=self._device))[0, -1]
-            token = int(logits.argmax())
-            if token == self.tokenizer.eos_id:
+            logits = self.net(torch.tensor([ids + new], device=self._device))[0, -1]
+            new.append(int(logits.argmax()))
+            raw = self.tok_decode(new, skip_special_tokens=False)
+            if new[-1] == self.eot_token_id or any(stop in raw for stop in until):
                 break
-            new.append(token)
-            text = self.tok_decode(new)
-            if any(stop in text for stop in until):
-                break
+        text = self.tok_decode(new)
         for stop in until:
             text = text.split(stop)[0]
         return text

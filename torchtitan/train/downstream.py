@@ -60,6 +60,12 @@ class DownstreamEvaluator:
             for ctx, cont in doc.requests
         ]
         self.seq_len = e.seq_len or self._row_length(t.seq_len)
+        cut = sum(len(ctx) + len(cont) - 1 > self.seq_len for ctx, cont in self.pairs)
+        if cut:  # lm-eval keeps a request's end the same way (HFLM's left truncation)
+            logger.warning(
+                f"eval: {cut} of {len(self.pairs)} requests are longer than the rows "
+                f"({self.seq_len} tokens): their contexts lose their beginning"
+            )
         n_docs = sum(len(docs) for _, docs in self.tasks)
         logger.info(
             f"Downstream evaluation: {len(self.tasks)} task(s), {n_docs} documents, "
@@ -68,12 +74,13 @@ class DownstreamEvaluator:
 
     def _row_length(self, training_seq_len: int) -> int:
         """The rows' length when ``eval.seq_len`` is 0: the training shape under pipeline or
-        context parallel (which fix it), else the longest request's, in multiples of 64 (the
-        sequence-parallel split), at most training's."""
+        context parallel (which fix it), else the longest request's, in multiples of 64 and of
+        the tensor-parallel degree (the sequence-parallel split), at most training's."""
         if self.dims.pp > 1 or self.dims.cp > 1:
             return training_seq_len
         longest = max(len(ctx) + len(cont) - 1 for ctx, cont in self.pairs)
-        return min(training_seq_len, -(-longest // 64) * 64)
+        step = math.lcm(64, self.dims.tp)
+        return min(training_seq_len, -(-longest // step) * step)
 
     def due(self, step: int) -> bool:
         return step % self.cfg.freq == 0 or step == self.job_config.training.steps

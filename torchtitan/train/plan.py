@@ -326,6 +326,11 @@ def _check_eval_shape(
             f"{section}.seq_len: {seq_len} is longer than training.seq_len ({t.seq_len}), the "
             "model's rotary table; use at most that"
         )
+    if dims.tp > 1 and seq_len % dims.tp:
+        raise ConfigError(
+            f"{section}.seq_len: {seq_len} must be divisible by "
+            f"parallelism.tensor_parallel_degree = {dims.tp} (sequence parallel splits it)"
+        )
     fixed = [f"{n}={d}" for n, d in (("pp", dims.pp), ("cp", dims.cp)) if d > 1]
     if fixed and (seq_len, batch) != (t.seq_len, t.local_batch_size):
         raise ConfigError(

@@ -52,3 +52,8 @@ def test_scores_are_lm_evals_argmax_and_per_character_norm():
     tie = choice_scores(doc, [-1.0, -1.0, -1.0])
     assert tie["pred"] == 0  # the first of equal ones, as numpy.argmax
     assert torch.tensor([-1.0, -1.0]).argmax().item() == 0
+
+
+def test_a_context_of_spaces_alone_is_an_empty_context(tok):
+    ctx, cont = encode_pair(tok, "  ", "def", add_bos=False)
+    assert ctx == [tok.bos_id] and cont == tok.encode("  def", bos=False, eos=False)

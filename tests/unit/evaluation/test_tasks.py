@@ -5,6 +5,7 @@ mistake is one line naming the key, or the file, line and field."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from repo_paths import ASSETS
@@ -131,3 +132,64 @@ def test_a_missing_or_empty_file_is_named(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match="task 'piqa' has no documents"):
         read_task(_one(name="piqa", path=str(tmp_path / "empty.jsonl")))
+
+
+def test_a_field_missing_from_a_later_document_is_named_not_read_as_text(tmp_path):
+    """lm-eval decides once whether a key names a field (its dataset's columns): a document
+    without the field is an error, not the literal text 'question_stem'."""
+    path = tmp_path / "obqa.jsonl"
+    good = {"question_stem": "q", "choices": {"text": ["a", "b"], "label": ["A", "B"]}}
+    path.write_text(json.dumps({**good, "answerKey": "A"}) + "\n" + json.dumps({"x": 1}) + "\n")
+    with pytest.raises(DataError, match=r":2: doc_to_text: no field 'question_stem'"):
+        read_task(_one(name="openbookqa", path=str(path)))
+
+
+def test_lm_evals_fixed_choices_and_targets(tmp_path):
+    """A list (or mapping) of choices and an integer target, as lm-eval's YAML files give them."""
+    path = tmp_path / "yn.jsonl"
+    path.write_text(json.dumps({"q": "Is it?"}) + "\n")
+    fixed = _one(
+        name="yn",
+        path=str(path),
+        doc_to_text="{{q}}",
+        doc_to_choice=["no", "yes"],
+        doc_to_target=1,
+    )
+    (doc,) = read_task(fixed)
+    assert doc.requests == (("Is it?", " no"), ("Is it?", " yes")) and doc.gold == 1
+    mapping = _one(
+        name="yn2",
+        path=str(path),
+        doc_to_text="{{q}}",
+        doc_to_choice={"n": "no", "y": "yes"},
+        doc_to_target=0,
+    )
+    assert read_task(mapping)[0].choices == ("no", "yes")
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"name": "mmlu/anatomy", "path": "p", "layout": "piqa"}, "name 'mmlu/anatomy' names"),
+        ({"name": "x", "path": "p", "layout": ["piqa"]}, "eval.tasks[0].layout: ['piqa'] is not"),
+        ({"name": "piqa", "path": "p", "doc_to_target": 1.5}, "doc_to_target: 1.5 is not a str"),
+    ],
+)
+def test_names_and_key_types_are_checked(entry, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_tasks([entry])
+
+
+def test_an_empty_choice_is_refused(tmp_path):
+    path = tmp_path / "e.jsonl"
+    path.write_text(json.dumps({"q": "q", "c": ["a", ""], "g": 0}) + "\n")
+    spec = _one(
+        name="e",
+        path=str(path),
+        doc_to_text="q",
+        doc_to_choice="c",
+        doc_to_target="g",
+        target_delimiter="",
+    )
+    with pytest.raises(DataError, match=":1: choice 1 gives an empty continuation"):
+        read_task(spec)
