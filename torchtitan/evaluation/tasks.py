@@ -242,9 +242,10 @@ def read_task(spec: TaskSpec) -> list[Doc]:
                 raise DataError(f"{where}: not a JSON object ({e.msg})") from e
             if not isinstance(raw, dict):
                 raise DataError(f"{where}: not a JSON object but {type(raw).__name__}")
+            doc = _prepared(spec.layout, raw, where)
             if not docs:
-                fields = set(_prepared(spec.layout, raw, where))
-            docs.append(_doc(spec.layout, raw, where, len(docs), fields))
+                fields = set(doc)
+            docs.append(_doc(spec.layout, doc, where, len(docs), fields))
     if not docs:
         raise DataError(f"{spec.path}: task '{spec.name}' has no documents")
     return docs
@@ -257,8 +258,8 @@ def _prepared(layout: Layout, raw: dict, where: str) -> dict:
         raise DataError(f"{where}: this task's documents need field {e}") from e
 
 
-def _doc(layout: Layout, raw: dict, where: str, index: int, fields: set[str]) -> Doc:
-    doc = _prepared(layout, raw, where)
+def _doc(layout: Layout, doc: dict, where: str, index: int, fields: set[str]) -> Doc:
+    """A (prepared) document's requests, choices and gold index."""
     text = _render(layout.doc_to_text, doc, where, "doc_to_text", fields)
     choices = _render(layout.doc_to_choice, doc, where, "doc_to_choice", fields)
     if isinstance(choices, dict):  # lm-eval: a mapping's values are the choices

@@ -107,6 +107,8 @@ class TorchTitanLM(TemplateLM):
         self.add_bos = bool(add_bos_token)
         self.batch_size = 8 if str(batch_size).startswith("auto") else int(batch_size)
         self.max_gen_toks = int(max_gen_toks)
+        self._special_ids = _special_ids(self.tokenizer)
+        self._prefix_text = self.tok_decode([self.prefix_token_id], skip_special_tokens=False)
 
     # ---- what TemplateLM asks
 
@@ -123,8 +125,7 @@ class TorchTitanLM(TemplateLM):
         self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
     ) -> list[int]:
         bos = self.add_bos if add_special_tokens is None else add_special_tokens
-        prefix = self.tok_decode([self.prefix_token_id], skip_special_tokens=False)
-        if add_special_tokens is None and string.startswith(prefix):
+        if add_special_tokens is None and string.startswith(self._prefix_text):
             bos = False  # the text starts with BOS already (HFLM's check)
         return self.tokenizer.encode(string, bos=bos, eos=False)
 
@@ -133,17 +134,6 @@ class TorchTitanLM(TemplateLM):
         if skip_special_tokens:
             tokens = [t for t in tokens if t not in self._special_ids]
         return self.tokenizer.decode(tokens)
-
-    @property
-    def _special_ids(self) -> set[int]:
-        """The tokenizer's special tokens: BOS, EOS, pad, and the ones it declares."""
-        tok = self.tokenizer
-        ids = {i for i in (tok.bos_id, tok.eos_id, tok.pad_id) if i is not None and i >= 0}
-        ids |= set(getattr(tok, "special_tokens", {}).values())  # tiktoken's
-        added = getattr(getattr(tok, "_model", None), "get_added_tokens_decoder", None)
-        if callable(added):  # a tokenizer.json's
-            ids |= {i for i, t in added().items() if getattr(t, "special", False)}
-        return ids
 
     def _loglikelihood_tokens(
         self, requests: list[tuple[Any, list[int], list[int]]], **kwargs: Any
@@ -234,6 +224,16 @@ class TorchTitanLM(TemplateLM):
         for stop in until:
             text = text.split(stop)[0]
         return text
+
+
+def _special_ids(tok: Any) -> set[int]:
+    """The tokenizer's special tokens: BOS, EOS, pad, and the ones it declares."""
+    ids = {i for i in (tok.bos_id, tok.eos_id, tok.pad_id) if i is not None and i >= 0}
+    ids |= set(getattr(tok, "special_tokens", {}).values())  # tiktoken's
+    added = getattr(getattr(tok, "_model", None), "get_added_tokens_decoder", None)
+    if callable(added):  # a tokenizer.json's
+        ids |= {i for i, t in added().items() if getattr(t, "special", False)}
+    return ids
 
 
 def cli() -> None:

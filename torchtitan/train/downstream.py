@@ -88,9 +88,7 @@ class DownstreamEvaluator:
     def run(self, step: int) -> tuple[list[TaskResult], float]:
         """Every task's scores at ``step`` (on every rank), and the seconds it took."""
         t0 = time.perf_counter()
-        parts = (
-            self.runner.pipeline.parts if self.runner.pipeline is not None else [self.runner.model]
-        )
+        parts = self.runner.parts
         modes = [p.training for p in parts]
         for p in parts:
             p.eval()

@@ -68,8 +68,9 @@ class StepRunner:
         self.model, self.pipeline, self.loss_fn, self.device = model, pipeline, loss_fn, device
         self.autocast = autocast_for(job_config, dims)
         self.block_causal = job_config.model.attn_mask_type == "block_causal"
-        parts = pipeline.parts if pipeline is not None else [model]
-        self.row_loss = build_row_loss(parts)
+        # this rank's model parts: the pipeline's stages, or the one model
+        self.parts = pipeline.parts if pipeline is not None else [model]
+        self.row_loss = build_row_loss(self.parts)
 
     def _local(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(inputs, labels, doc_ids)`` on the device, this rank's chunks of every sequence
