@@ -177,6 +177,12 @@ def _check_files(cfg: JobConfig) -> None:
             "SentencePiece or tokenizer.json) or a Hugging Face model folder (see "
             "scripts/download_hf_assets.py)"
         )
+    template = cfg.training.chat_template
+    if template and not os.path.exists(template):
+        problems.add(
+            f"training.chat_template: '{template}' does not exist; give a .jinja file, a "
+            "tokenizer_config.json or a folder holding one"
+        )
     problems.raise_if_any()
 
 

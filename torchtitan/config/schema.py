@@ -236,7 +236,8 @@ class Training:
         "Local file or folder (json, jsonl, parquet, txt, save_to_disk), a pretokenized .bin/.idx corpus (prefix, file or folder), or a Hub id; overrides the named dataset's source",
     )
     dataset_text_field: str | None = opt(
-        None, "Field holding each row's text; unset = the dataset's default ('text')"
+        None,
+        "Field holding each row's text, token ids or conversation; unset = the dataset's default ('text'; 'messages' where the data has no 'text' but has 'messages')",
     )
     dataset_streaming: bool | None = opt(
         None, "Stream the dataset instead of downloading it; unset = the dataset's default"
@@ -265,6 +266,10 @@ class Training:
         False,
         "Do not predict a document's first token from the end of the one before it (its label "
         "is ignored; the loss is the mean over the other tokens)",
+    )
+    chat_template: str | None = opt(
+        None,
+        "Chat template for conversation data (rows whose field holds a list of messages): a .jinja file, a tokenizer_config.json or a folder holding one; unset = the tokenizer folder's own (docs/finetuning.md)",
     )
     mtp_loss_weight: float = opt(
         0.3,

@@ -60,6 +60,7 @@ import torch
 from torchtitan.config.checks import global_batch
 from torchtitan.data.batch import Batch, make_batch
 from torchtitan.data.blend import Blend
+from torchtitan.data.chat import ChatEncoder
 from torchtitan.data.mixture import (
     SourceSpec,
     describe,
@@ -105,6 +106,7 @@ class HFDataLoader:
         shuffle: bool = False,
         shuffle_buffer: int = 0,
         mask_document_starts: bool = False,
+        chat_template: str | None = None,
     ) -> None:
         self.sources = list(sources)
         self.names = list(names) if names else [_label(s) for s in self.sources]
@@ -119,6 +121,7 @@ class HFDataLoader:
         self.section = section
         self.seed, self.shuffle, self.shuffle_buffer = seed, shuffle, shuffle_buffer
         self.mask_document_starts = mask_document_starts
+        self.chat = ChatEncoder(tokenizer, chat_template, key="training.chat_template")
         self.virtual_shards, _ = global_batch(
             local_batch_size, global_batch_size or -1, dp_world_size
         )
@@ -183,6 +186,7 @@ class HFDataLoader:
                 streaming=streaming,
                 first_on_rank=v == self.shards[0],
                 read_error=functools.partial(read_error, source),
+                chat=self.chat,
             )
             for v in self.shards
         ]
@@ -378,7 +382,8 @@ class DataSpec:
     and pretokenized sources in a permutation seeded by (``seed``, epoch), and streamed sources
     through a shuffle buffer of ``shuffle_buffer`` documents per virtual shard.
     ``mask_document_starts`` sets the label of each document's first token to ``IGNORE_INDEX``
-    (see the module docstring).
+    (see the module docstring). ``chat_template`` (``training.chat_template``) renders
+    conversations; None: the tokenizer's own template (:mod:`~torchtitan.data.chat`).
 
     ``section`` is the config section the settings came from (``"training"``, or
     ``"validation"`` for the validation loader): messages name keys of that section.
@@ -395,6 +400,7 @@ class DataSpec:
     shuffle: bool = False
     shuffle_buffer: int = 100
     mask_document_starts: bool = False
+    chat_template: str | None = None
 
 
 def build_hf_dataloader(
@@ -464,6 +470,7 @@ def build_hf_dataloader(
         shuffle=data.shuffle,
         shuffle_buffer=data.shuffle_buffer,
         mask_document_starts=data.mask_document_starts,
+        chat_template=data.chat_template,
     )
     _log_sources(loader, specs, data.split)
     return loader
@@ -480,6 +487,13 @@ def _log_sources(loader: HFDataLoader, specs: list[SourceSpec], split: str) -> N
         f"{_label(src)} ({describe(src, split=split, rows=loader.rows_of(i), shuffle=order)})"
         for i, src in enumerate(loader.sources)
     ]
+    template = loader.chat.loaded
+    if template is not None:
+        how = "its generation blocks" if template.marks_generation else "rendering each turn"
+        logger.info(
+            f"Conversations rendered with the chat template {template.origin}; predicted: the "
+            f"assistant turns (found by {how}), the rest of each conversation is context"
+        )
     if len(specs) == 1:
         logger.info(f"Dataset {lines[0]}: {where}")
         return

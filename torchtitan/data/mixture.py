@@ -34,11 +34,12 @@ from torchtitan.data.sources import (
     DATASETS,
     Source,
     check_dataset_config,
+    holds_conversations,
     holds_token_ids,
     load_source,
 )
 from torchtitan.data.token_windows import HFTokenDocs, InMemoryDocs, TokenWindows
-from torchtitan.errors import ConfigError
+from torchtitan.errors import ConfigError, DataError
 
 _ENTRY_KEYS = {"dataset", "path", "weight", "name", "text_field", "streaming"}
 
@@ -170,6 +171,12 @@ def open_source(
             HFTokenDocs(source.dataset, field=source.text_field, label=source.label), **windows
         )
     if _too_few_rows(source, virtual_shards):
+        if holds_conversations(source):
+            raise DataError(
+                f"dataset '{source.label}' has {len(source.dataset)} conversations, fewer than "
+                f"its {virtual_shards} virtual shards (one per sequence of the global batch); "
+                f"use more conversations or a smaller {section}.global_batch_size"
+            )
         return TokenWindows(_tokenize_all(source, tokenizer), **windows)
     return source
 

@@ -4,8 +4,16 @@ checkpointable.
 Packing
     Documents are tokenized with BOS and EOS and appended to the shard's token buffer, which is cut
     into consecutive, non-overlapping windows of ``seq_len + 1`` tokens. Each document (one
-    ``encode`` result, or one row of token ids) starts where its first token lands in the buffer;
-    a window comes with a flag per position saying whether a document starts there.
+    ``encode`` result, one row of token ids or one conversation) starts where its first token
+    lands in the buffer; a window comes with marks per position (:data:`~torchtitan.data.batch.
+    DOC_START` where a document starts, :data:`~torchtitan.data.batch.NOT_PREDICTED` on a token
+    that is not a target).
+
+Conversations
+    A row whose field holds a list of messages is a conversation
+    (:mod:`torchtitan.data.chat`): its chat template's rendering, with no BOS/EOS added, and only
+    its assistant turns predicted. The runs of positions that are not predicted travel with the
+    buffer like the document starts.
 
 Bad rows
     A row without the text field, or whose value is not a string (a null counts as missing), stops
@@ -25,9 +33,11 @@ Epochs
 State
     :meth:`ShardReader.state` is UTF-8 JSON with the shard's epoch, row position (and, for a
     streamed dataset, ``IterableDataset.state_dict()``), windows served, leftover token buffer and
-    the positions in that buffer where documents start (``"starts"``), so that a fresh reader given
+    the positions in that buffer where documents start (``"starts"``) and the ``[start, stop)``
+    runs of its tokens that are not predicted (``"not_predicted"``), so that a fresh reader given
     this state yields exactly the windows (and document starts) the saved one would have yielded
-    next. A state saved before ``"starts"`` existed still loads: its leftover buffer is read as the
+    next (a state without ``"not_predicted"`` predicts every token). A state saved before
+    ``"starts"`` existed still loads: its leftover buffer is read as the
     tail of one document, which it always is when saved by this reader (a document is read only
     while the buffer is shorter than a window, so it starts in the window cut next); ``"starts"``
     keeps the state exact for any reading order.
@@ -42,6 +52,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from torchtitan.data.batch import DOC_START, NOT_PREDICTED
+from torchtitan.data.chat import ChatEncoder, ChatError, is_conversation
 from torchtitan.data.token_windows import ShardPermutations
 from torchtitan.errors import ConfigError, DataError
 from torchtitan.observability.log import logger
@@ -88,6 +100,7 @@ class ShardReader:
         stream_shuffle: tuple[int, int] | None = None,
         shuffle_files: bool = False,
         read_error: Callable[[Exception], DataError] | None = None,
+        chat: ChatEncoder | None = None,
     ) -> None:
         self.index = index
         self.virtual_shards = virtual_shards
@@ -99,6 +112,7 @@ class ShardReader:
         self.streaming = streaming
         self.first_on_rank = first_on_rank
         self._read_error = read_error
+        self.chat = chat
         self._ds = ds
         # Shuffled map-style data: ``ds`` is the whole dataset, each epoch's rows come from here.
         self._perms = permutations
@@ -123,6 +137,7 @@ class ShardReader:
         self.windows = 0
         self.buffer: list[int] = []
         self.starts: list[int] = []
+        self.not_predicted: list[list[int]] = []  # ascending [start, stop) runs of the buffer
         self._pending_hf_state: dict | None = None
         self._texts_iter: Iterator[str] | None = None
 
@@ -140,7 +155,7 @@ class ShardReader:
         else:
             shown = repr(value)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
-            want = "a string (or a list of integer token ids)"
+            want = "a string, a list of integer token ids or a conversation (a list of messages)"
             problem = f"field '{field}' holds {type(value).__name__} {shown}, not {want}"
         return DataError(
             f"dataset '{self.label}': row {index} of virtual shard {self.index} "
@@ -165,7 +180,7 @@ class ShardReader:
             else:
                 texts = self._texts[rows.tolist()][field]
             for j, text in enumerate(texts):
-                if not isinstance(text, str):
+                if not (isinstance(text, str) or is_conversation(text)):
                     raise self._bad_row(i + j, ds[int(rows[j])])
                 self.row = i + j + 1
                 yield text
@@ -225,12 +240,33 @@ class ShardReader:
                 self._end_of_rows()
             elif not isinstance(row.get(self.text_field), (str, list)):
                 raise self._bad_row(0, row)
+            elif is_conversation(row[self.text_field]):
+                self._conversation(row[self.text_field], 0)
             return
         if self._len == 0:
             self._end_of_rows()
         first = 0 if self._perms is None else int(self._perms.rows(0, self.index)[0])
-        if self._texts is None or not isinstance(self._texts[first][self.text_field], str):
+        text = None if self._texts is None else self._texts[first][self.text_field]
+        if not (isinstance(text, str) or is_conversation(text)):
             raise self._bad_row(0, self._ds[first])
+        if is_conversation(text):
+            self._conversation(text, 0)
+
+    def _conversation(self, messages: list[dict[str, Any]], row: int) -> tuple[list[int], list]:
+        """A conversation's ids and its runs of positions not predicted; a row that cannot be
+        rendered is one DataError line naming it."""
+        if self.chat is None:
+            raise DataError(
+                f"dataset '{self.label}': row {row} of virtual shard {self.index} is a "
+                "conversation, but this loader reads no conversations"
+            )
+        try:
+            return self.chat.encode(messages)
+        except ChatError as e:
+            raise DataError(
+                f"dataset '{self.label}': conversation in row {row} of virtual shard "
+                f"{self.index} (of {self.virtual_shards}): {e}"
+            ) from None
 
     def _epoch_stream(self) -> Any:
         """The shard's stream for this epoch: with file shuffling, its files (``datasets``
@@ -255,10 +291,10 @@ class ShardReader:
     # ---- windows
 
     def next_window(self) -> tuple[list[int], np.ndarray] | None:
-        """The next ``window`` tokens and a bool per position, true where a document starts;
-        None when a non-infinite pass ends (the shard rewinds)."""
-        window, encode = self.window, self.tokenizer.encode
-        buffer, doc_starts = self.buffer, self.starts  # replaced only by a pass's end that stops
+        """The next ``window`` tokens and their marks (uint8 per position: ``DOC_START`` where
+        a document starts, ``NOT_PREDICTED`` on a token that is no target); None when a
+        non-infinite pass ends (the shard rewinds)."""
+        window, buffer = self.window, self.buffer  # replaced only by a pass's end that stops
         while len(buffer) < window:
             text = self._next_text()
             if text is None:
@@ -266,21 +302,38 @@ class ShardReader:
                 if not self.infinite:
                     return None
                 continue
-            # one document: a text tokenized with BOS and EOS, or a row of token ids (input_ids)
-            # read as stored (an empty one starts nothing)
-            is_text = isinstance(text, str)
-            ids = encode(text, bos=True, eos=True) if is_text else self._checked_ids(text)
-            if ids:
-                doc_starts.append(len(buffer))
-                buffer.extend(ids)
+            self._append(text)
         out = buffer[:window]
         del buffer[:window]
-        starts = np.zeros(window, dtype=bool)
-        k = bisect_left(doc_starts, window)  # the starts before the cut
-        starts[doc_starts[:k]] = True
-        self.starts = [p - window for p in doc_starts[k:]]
+        marks = np.zeros(window, dtype=np.uint8)
+        k = bisect_left(self.starts, window)  # the starts before the cut
+        marks[self.starts[:k]] = DOC_START
+        self.starts = [p - window for p in self.starts[k:]]
+        rest = []
+        for a, b in self.not_predicted:
+            marks[a : min(b, window)] |= NOT_PREDICTED
+            if b > window:
+                rest.append([max(a, window) - window, b - window])
+        self.not_predicted = rest
         self.windows += 1
-        return out, starts
+        return out, marks
+
+    def _append(self, text: str | list) -> None:
+        """One document into the buffer: a text tokenized with BOS and EOS, a conversation
+        (:mod:`~torchtitan.data.chat`), or a row of token ids read as stored (an empty one
+        starts nothing)."""
+        runs: list = []
+        if isinstance(text, str):
+            ids = self.tokenizer.encode(text, bos=True, eos=True)
+        elif is_conversation(text):
+            ids, runs = self._conversation(text, self.row - 1)
+        else:
+            ids = self._checked_ids(text)
+        if ids:
+            at = len(self.buffer)
+            self.starts.append(at)
+            self.buffer.extend(ids)
+            self.not_predicted.extend([a + at, b + at] for a, b in runs)
 
     def _end_of_rows(self) -> None:
         """The pass has no row left: end it (or stop, if the shard has no rows at all)."""
@@ -308,7 +361,7 @@ class ShardReader:
         self.row = 0
         self._texts_iter = None
         if not self.infinite:
-            self.buffer, self.starts = [], []
+            self.buffer, self.starts, self.not_predicted = [], [], []
             return
         log = logger.info if self.first_on_rank else logger.debug
         log(
@@ -322,7 +375,7 @@ class ShardReader:
         self._texts_iter = None
         self._pending_hf_state = None
         self.row = 0
-        self.buffer, self.starts = [], []
+        self.buffer, self.starts, self.not_predicted = [], [], []
         self.epoch = 0  # every pass of a non-infinite loader is the same (and equally shuffled)
         self.windows = 0
 
@@ -341,6 +394,7 @@ class ShardReader:
             "windows": self.windows,
             "buffer": self.buffer,
             "starts": self.starts,
+            "not_predicted": self.not_predicted,
             "hf_state": hf_state,
             "order": self._order_name(),
             "shuffle_buffer": None if self._shuffle is None else self._shuffle.state(),
@@ -390,6 +444,7 @@ class ShardReader:
         self.windows = state["windows"]
         self.buffer = list(state["buffer"])
         self.starts = self._saved_starts(state)
+        self.not_predicted = self._saved_runs(state)
         self._texts_iter = None
         self._pending_hf_state = state["hf_state"] if self.streaming and self.row > 0 else None
         if self._shuffle is not None:
@@ -411,6 +466,30 @@ class ShardReader:
                 f"leftover buffer of {n} tokens; the checkpoint is damaged"
             )
         return list(starts)
+
+    def _saved_runs(self, state: dict[str, Any]) -> list[list[int]]:
+        """The saved runs of tokens not predicted in the leftover buffer (none if not saved)."""
+        runs = state.get("not_predicted", [])
+        n, last = len(state["buffer"]), 0
+        ok = isinstance(runs, list)
+        for run in runs if ok else []:
+            ok = (
+                isinstance(run, list)
+                and len(run) == 2
+                and all(isinstance(p, int) for p in run)
+                and last <= run[0] < run[1] <= n
+            )
+            if not ok:
+                break
+            last = run[1]
+        if not ok:
+            raise ConfigError(
+                f"data loader checkpoint: virtual shard {self.index} of dataset '{self.label}' "
+                f"has runs of tokens not predicted {str(runs)[:60]} that are not ascending "
+                f"[start, stop) ranges in its leftover buffer of {n} tokens; the checkpoint is "
+                "damaged"
+            )
+        return [list(r) for r in runs]
 
 
 class ShuffleBuffer:

@@ -508,10 +508,25 @@ def load_source(
     columns = ds.column_names or []
     if text_field is None and field not in columns and TOKEN_FIELD in columns:
         field = TOKEN_FIELD  # a dataset tokenized already
+    elif text_field is None and field not in columns and MESSAGES_FIELD in columns:
+        field = MESSAGES_FIELD  # conversations
     return Source(dataset=ds, label=label, text_field=field, json_files=json_files, key=key)
 
 
 TOKEN_FIELD = "input_ids"  # the column of a dataset that holds token ids rather than text
+MESSAGES_FIELD = "messages"  # the column of a chat dataset that holds its conversations
+
+
+def holds_conversations(source: Source) -> bool:
+    """Whether a map-style source's first row holds a conversation (a list of messages) in its
+    field (``datasets`` declares the column a list of records, or of JSON values when the
+    messages' keys differ, so the row is read)."""
+    from torchtitan.data.chat import is_conversation
+
+    ds = source.dataset
+    if not len(ds) or source.text_field not in (ds.column_names or []):
+        return False
+    return is_conversation(ds[0][source.text_field])
 
 
 def holds_token_ids(source: Source) -> bool:

@@ -294,6 +294,38 @@ class TikTokenizer(Tokenizer):
             ids.append(self._eos_id)
         return ids
 
+    def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids of a chat template's rendering, its special-token text read as special tokens
+        (tiktoken's ``allowed_special="all"``), and each token's first character."""
+        ids: list[int] = []
+        for piece in self._special_re.split(text):
+            special = self._special_tokens.get(piece)
+            if special is not None:
+                ids.append(special)
+            elif piece:
+                ids.extend(self.encode(piece, bos=False, eos=False))
+        return ids, _char_starts(text, [len(self._model.decode_single_token_bytes(i)) for i in ids])
+
+    def template_variables(self) -> dict[str, str]:
+        """The special-token texts a chat template is rendered with."""
+        return {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}
+
+    @functools.cached_property
+    def _special_re(self) -> re.Pattern[str]:
+        alternatives = sorted(self._special_tokens, key=len, reverse=True)
+        return re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
+
+
+def _char_starts(text: str, token_bytes: list[int]) -> list[int]:
+    """The character each token starts in, from the UTF-8 byte lengths of the tokens of
+    ``text`` (a token that starts inside a character starts in that character)."""
+    import numpy as np
+
+    char_bytes = np.fromiter((len(c.encode()) for c in text), dtype=np.int64, count=len(text))
+    char_ends = np.cumsum(char_bytes)
+    token_starts = np.cumsum([0, *token_bytes[:-1]]) if token_bytes else np.zeros(0, np.int64)
+    return np.searchsorted(char_ends, token_starts, side="right").tolist()
+
 
 class SentencePieceTokenizer(Tokenizer):
     """Llama 2 tokenizer: a SentencePiece model; bos/eos/pad ids come from the model."""
@@ -360,6 +392,7 @@ class HuggingFaceTokenizer(Tokenizer):
             os.path.join(folder, HF_TOKENIZER_CONFIG)
         )
         special_tokens_map = _read_json_object(os.path.join(folder, HF_SPECIAL_TOKENS_MAP))
+        self._special_tokens_map = special_tokens_map
         model_config = _read_json_object(os.path.join(folder, HF_MODEL_CONFIG))
 
         vocab = self._model.get_vocab(with_added_tokens=True)
@@ -414,6 +447,30 @@ class HuggingFaceTokenizer(Tokenizer):
         if eos:
             ids.append(self._eos_id)
         return ids
+
+    def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
+        """Ids of a chat template's rendering, its special-token text read as special tokens
+        (``transformers``' ``apply_chat_template``), and each token's first character."""
+        self._model.encode_special_tokens = False
+        try:
+            encoding = self._model.encode(text, add_special_tokens=False)
+        finally:
+            self._model.encode_special_tokens = True
+        return encoding.ids, [start for start, _ in encoding.offsets]
+
+    def template_variables(self) -> dict[str, str]:
+        """The special-token texts a chat template is rendered with: ``tokenizer_config.json``'s
+        (else ``special_tokens_map.json``'s) ``bos_token``, ``eos_token``, ..., as
+        ``transformers`` passes them."""
+        out: dict[str, str] = {}
+        for values in (self._special_tokens_map, self._tokenizer_config):
+            for name in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"):
+                token = values.get(f"{name}_token")
+                if isinstance(token, dict):
+                    token = token.get("content")
+                if isinstance(token, str):
+                    out[f"{name}_token"] = token
+        return out
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a tokenizers.Tokenizer comes back from pickle (a data loader worker, say) without it

@@ -153,7 +153,7 @@ class WorkerLoader:
         """One batch from every worker's share, its rows in order."""
         n, window = self.loader.local_batch_size, self.loader.seq_len + 1
         tokens = torch.empty((n, window), dtype=torch.long)
-        starts = np.zeros((n, window), dtype=bool)
+        starts = np.zeros((n, window), dtype=np.uint8)  # marks (see data/batch.py)
         for worker, share in enumerate(shares):
             if "error" in share:
                 raise share["error"]

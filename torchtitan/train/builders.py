@@ -126,6 +126,7 @@ def dataloader_for(
         shuffle=t.shuffle,
         shuffle_buffer=t.shuffle_buffer,
         mask_document_starts=t.mask_document_starts,
+        chat_template=t.chat_template,
     )
     return build_hf_dataloader(
         data,
@@ -150,6 +151,7 @@ def build_validation_loader(job_config: JobConfig, rt: Runtime, tokenizer: Any) 
         split="validation",
         section="validation",
         mask_document_starts=t.mask_document_starts,
+        chat_template=t.chat_template,
     )
     return build_hf_dataloader(
         data,

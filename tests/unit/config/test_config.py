@@ -170,6 +170,11 @@ def test_debug_config_parses():
         ),
         (
             "",
+            ["--training.chat_template", "/no/such/chat.jinja"],
+            "training.chat_template: '/no/such/chat.jinja' does not exist",
+        ),
+        (
+            "",
             ["--checkpoint.last_save_in_hf"],
             "checkpoint.last_save_in_hf: needs checkpoint.enable = true",
         ),

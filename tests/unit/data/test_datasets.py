@@ -800,7 +800,8 @@ def test_a_wrong_text_field_or_type_stops_while_the_data_is_built(tmp_path, stre
     first = e.value.args[0].split(" holds int ")[1].split(",")[0]
     assert str(e.value) == (
         f"dataset '{path}': row 0 of virtual shard 0 (of 2) field 'text' holds int {first}, not "
-        "a string (or a list of integer token ids); the row has fields ['id', 'text']; set "
+        "a string, a list of integer token ids or a conversation (a list of messages); the row "
+        "has fields ['id', 'text']; set "
         "training.dataset_text_field to the field that holds the text"
     )
     assert first == "5" or shuffle  # shuffled: the first row of the epoch's permutation
