@@ -26,8 +26,9 @@ ALLOWED: dict[str, set[str]] = {
     "models.common": {"distributed.utils"},
     "models.spec": {"models.family"},  # importing the families registers them
     "models.family": {"models.common", "models.spec", "distributed.tensor_parallel"},
-    "distributed": {"config", "quantization", "models.common"},
+    "distributed": {"config", "quantization", "lora", "models.common"},
     "quantization": {"config", "distributed"},
+    "lora": {"config", "distributed"},  # LoRA layers, applying them, their exports
     "data": {"config", "observability"},
     "optim": {"config", "distributed"},
     "observability": {"config", "distributed"},
@@ -48,6 +49,7 @@ ALLOWED: dict[str, set[str]] = {
         "observability",
         "resilience",
         "quantization",
+        "lora",
     },  # fmt: skip
     "entry": {"train"},  # torchtitan/preflight.py: the command python -m torchtitan.preflight
 }

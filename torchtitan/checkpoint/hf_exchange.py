@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from torchtitan.checkpoint.collectives import _agree, _attempt
 from torchtitan.checkpoint.errors import CheckpointError
-from torchtitan.checkpoint.states import _EXPORT_DTYPES, TrainState
+from torchtitan.checkpoint.states import _EXPORT_DTYPES, ModelState, TrainState
 from torchtitan.config.schema import Checkpoint, Model
 from torchtitan.distributed.utils import full_tensor
 from torchtitan.errors import TorchTitanError
@@ -59,23 +59,27 @@ def load_hf(
     hf_adapter: Any,
     model_args: Any,
     train_state: TrainState,
+    frozen_only: bool = False,
 ) -> None:
     """Start from Hugging Face weights: every rank reads the files and keeps its shards.
-    ``key``: the setting that named ``path``, for errors."""
+    ``key``: the setting that named ``path``, for errors. ``frozen_only``: load the frozen
+    parameters only (the base of a LoRA run; its adapters are not in the folder)."""
     from torchtitan.checkpoint.hf_files import read_folder
 
     t0 = time.perf_counter()
+    which = ModelState(model_parts, "frozen" if frozen_only else "all")
     expected = {}
     for part in model_parts:
-        expected.update({k: v.shape for k, v in get_model_state_dict(part).items()})
+        expected.update({k: v.shape for k, v in which.part_state(part).items()})
     adapter = make_adapter(hf_adapter, model_args, key)  # its error names the key already
     try:
         state = adapter.from_hf(read_folder(path), expected)
     except TorchTitanError as e:
         raise CheckpointError(f"{key}: {e}") from e
     for part in model_parts:
-        own = {k: state[k] for k in get_model_state_dict(part)}
-        set_model_state_dict(part, own, options=StateDictOptions(full_state_dict=True))
+        own = {k: state[k] for k in which.part_state(part)}
+        options = StateDictOptions(full_state_dict=True, strict=not frozen_only)
+        set_model_state_dict(part, own, options=options)
     train_state.load_state_dict({"step": 0, "ntokens_seen": 0})
     logger.info(f"Loaded Hugging Face weights from {path} in {time.perf_counter() - t0:.2f}s")
 
@@ -93,6 +97,7 @@ class HFExchange:
     pp_rank: int = 0
     pp_degree: int = 1
     load_source: tuple[str, str] | None = None
+    adapters: Any = None  # a LoRA run's export settings (torchtitan.lora.export.LoRAExport)
 
 
 @dataclass(frozen=True)
@@ -124,16 +129,28 @@ def export_hf(
     tokenizer: Any,
     export_tokenizer: Any,
     ranks: ExportRanks,
+    adapters: Any = None,
 ) -> str:
     """``final`` (``step-{step}-hf``): config.json, safetensors and tokenizer files that
     ``transformers`` loads (``AutoModelForCausalLM``, ``AutoTokenizer``). Parameters are gathered
     one at a time onto the CPU of each stage's first rank; with pipeline parallelism every stage
-    writes its own file and rank 0 the index. The folder appears whole or not at all."""
+    writes its own file and rank 0 the index. The folder appears whole or not at all.
+
+    ``adapters`` (``torchtitan.lora.export.LoRAExport``, for a LoRA run): the adapters are also
+    written as a ``peft`` adapter folder ``step-{step}-peft``, and ``final`` gets them merged
+    into the weights (unless ``adapters.merge`` is false: then only the adapter folder is written,
+    and its path returned)."""
     adapter = make_adapter(hf_adapter, model_args, "checkpoint.last_save_in_hf")
     tmp = final + ".partial"
     t0 = time.perf_counter()
     dtype = _EXPORT_DTYPES[export_dtype]
-    state = _gather(model_parts, ranks.stage_writer, dtype)
+    state = _gather(model_parts, ranks.stage_writer, torch.float32 if adapters else dtype)
+    if adapters is not None:
+        tensors = adapters.peft_tensors(state, adapter) if ranks.stage_writer else {}
+        peft = _export_peft(final.removesuffix("-hf") + "-peft", adapters, tensors, ranks, dtype)
+        if not adapters.merge:
+            return peft
+        state = {k: v.to(dtype) for k, v in adapters.merged(state).items()}
     hf_state = adapter.to_hf(state) if ranks.stage_writer else {}
     tok = tokenizer
     config = adapter.hf_config(
@@ -162,6 +179,31 @@ def export_hf(
 
     _agree(_attempt(publish))
     logger.info(f"Exported Hugging Face weights to {final} in {time.perf_counter() - t0:.2f}s")
+    return final
+
+
+def _export_peft(
+    final: str, adapters: Any, tensors: dict[str, torch.Tensor], ranks: ExportRanks, dtype: Any
+) -> str:
+    """Rank 0 writes every stage's adapters (small: gathered as objects) as one ``peft``
+    adapter folder; it appears whole or not at all."""
+    every: list[Any] = [tensors]
+    if dist.is_initialized() and ranks.world_size > 1:
+        every = [None] * ranks.world_size
+        dist.all_gather_object(every, tensors)
+    merged = {k: v.to(dtype) for part in every for k, v in part.items()}
+    tmp = final + ".partial"
+
+    def write() -> None:
+        if ranks.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            adapters.write_peft(tmp, merged)
+            if os.path.isdir(final):
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+
+    _agree(_attempt(write))
+    logger.info(f"Exported the LoRA adapters ({len(merged) // 2} modules) as a peft folder {final}")
     return final
 
 

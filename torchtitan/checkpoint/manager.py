@@ -133,8 +133,12 @@ class CheckpointManager:
         model_args: Any = None,
         hf: HFExchange | None = None,
         run_facts: dict[str, Any] | None = None,
+        trainable_only: bool = False,
     ) -> None:
         self.cfg = cfg
+        # frozen parameters (LoRA's base) come from the initial load, on every start: only the
+        # trained ones are saved (see ModelState)
+        self.trainable_only = trainable_only
         self.run_facts = run_facts or {}  # recorded in each marker; a resume must match them
         self.last_hf_export: str | None = None  # the folder of this run's last HF export
         self.enabled = self.cfg.enable
@@ -166,7 +170,7 @@ class CheckpointManager:
             else None
         )
         self.objects: dict[str, Any] = {
-            "model": ModelState(model_parts),
+            "model": ModelState(model_parts, "trainable" if trainable_only else "all"),
             "optimizer": optimizers,
             "lr_scheduler": lr_schedulers,
             "dataloader": dataloader,
@@ -426,6 +430,11 @@ class CheckpointManager:
                     shutil.rmtree(c.path, ignore_errors=True)
         _barrier()
         complete = [c for c in found if c.complete]
+        if self.trainable_only and not self._initial_load():
+            raise CheckpointError(
+                "lora.enable: no base model was loaded; set checkpoint.initial_load_path or "
+                "checkpoint.initial_load_in_hf with model.hf_assets_path"
+            )
         if self.cfg.load_step != -1:
             candidates = [requested(complete, self.cfg.load_step, self.folder)]
         else:
@@ -436,7 +445,7 @@ class CheckpointManager:
         self._set_aside_newer(complete, loaded.step if loaded else 0, failed)
         if loaded is not None:
             return True
-        return self._initial_load()
+        return self.trainable_only or self._initial_load()
 
     def _warn_if_checkpoints_left(self) -> None:
         """Checkpointing is off, but the folder holds a run's checkpoints: starting over from
@@ -451,7 +460,8 @@ class CheckpointManager:
 
     def _initial_load(self) -> bool:
         """No checkpoint of this job's own: the starting weights of ``initial_load_path`` (or,
-        with ``initial_load_in_hf``, of a Hugging Face folder); False if there are none."""
+        with ``initial_load_in_hf``, of a Hugging Face folder); False if there are none. A run
+        that trains some parameters only loads the frozen ones from there (on every start)."""
         if self.cfg.initial_load_in_hf and self.hf_load_path is not None:
             load_hf(
                 *self.hf_load_path,
@@ -459,6 +469,7 @@ class CheckpointManager:
                 hf_adapter=self.hf.adapter,
                 model_args=self.model_args,
                 train_state=self.train_state,
+                frozen_only=self.trainable_only,
             )
             return True
         if self.cfg.initial_load_path:
@@ -468,7 +479,9 @@ class CheckpointManager:
                     f"checkpoint.initial_load_path: '{path}' is not a DCP checkpoint folder (no "
                     "'.metadata' in it); give a step-N folder written by this library"
                 )
-            self._load(path, self.cfg.initial_load_model_only, step=None)
+            frozen = ModelState(self.model_parts, "frozen") if self.trainable_only else None
+            only = self.cfg.initial_load_model_only or frozen is not None
+            self._load(path, only, step=None, model=frozen)
             return True
         return False
 
@@ -502,10 +515,15 @@ class CheckpointManager:
                 )
         _barrier()
 
-    def _load(self, path: str, model_only: bool, step: int | None) -> None:
+    def _load(
+        self, path: str, model_only: bool, step: int | None, model: ModelState | None = None
+    ) -> None:
+        """Load ``path`` into this run's objects (``model``: another view of the model's
+        state, the frozen parameters of a base model)."""
+        objects = self.objects if model is None else {**self.objects, "model": model}
         keys = ("model",) if model_only else STATE_KEYS
         keys = tuple(k for k in keys if k not in self.cfg.exclude_from_loading)
-        state = {k: self.objects[k].state_dict() for k in keys}
+        state = {k: objects[k].state_dict() for k in keys}
         error, merges, adapter = None, [], self._adapter()
         try:
             available = _checkpoint_keys(path)
@@ -536,7 +554,7 @@ class CheckpointManager:
                 f"{len(merges)} separate wq/wk/wv entries"
             )
         for k, v in state.items():
-            self.objects[k].load_state_dict(v)
+            objects[k].load_state_dict(v)
         if model_only:
             self.train_state.load_state_dict({"step": 0, "ntokens_seen": 0})
         logger.info(
@@ -596,4 +614,5 @@ class CheckpointManager:
             tokenizer=self.hf.tokenizer,
             export_tokenizer=self.hf.export_tokenizer,
             ranks=self.export_ranks,
+            adapters=self.hf.adapters,
         )

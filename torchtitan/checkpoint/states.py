@@ -31,21 +31,42 @@ class TrainState:
 
 
 class ModelState:
-    """The model parts (pipeline stages) as one state dict keyed by parameter FQN."""
+    """The model parts (pipeline stages) as one state dict keyed by parameter FQN.
 
-    def __init__(self, parts: list[nn.Module]) -> None:
-        self.parts = parts
+    ``which``: ``"all"`` of it; ``"trainable"``: the parameters that train (a run with frozen
+    parameters, LoRA, saves and resumes only those); ``"frozen"``: the rest (what such a run
+    loads from its base model)."""
+
+    def __init__(self, parts: list[nn.Module], which: str = "all") -> None:
+        assert which in ("all", "trainable", "frozen"), which
+        self.parts, self.which = parts, which
+
+    def part_state(self, part: nn.Module) -> dict[str, Any]:
+        if self.which == "trainable":
+            return get_model_state_dict(part, options=StateDictOptions(ignore_frozen_params=True))
+        state = get_model_state_dict(part)
+        if self.which == "frozen":
+            trained = trainable_keys(part)
+            state = {k: v for k, v in state.items() if k not in trained}
+        return state
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
         for part in self.parts:
-            state.update(get_model_state_dict(part))
+            state.update(self.part_state(part))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        options = StateDictOptions(strict=self.which == "all")
         for part in self.parts:
-            own = get_model_state_dict(part).keys()
-            set_model_state_dict(part, {k: state[k] for k in own}, options=StateDictOptions())
+            own = self.part_state(part).keys()
+            set_model_state_dict(part, {k: state[k] for k in own}, options=options)
+
+
+def trainable_keys(part: nn.Module) -> set[str]:
+    """The state-dict keys of ``part``'s parameters that train (``requires_grad``)."""
+    options = StateDictOptions(ignore_frozen_params=True)
+    return set(get_model_state_dict(part, options=options))
 
 
 class RNGState:

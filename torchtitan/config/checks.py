@@ -131,6 +131,35 @@ def _check_checkpoint(cfg: JobConfig) -> None:
     problems.raise_if_any()
 
 
+def _check_lora(cfg: JobConfig) -> None:
+    lo, ck = cfg.lora, cfg.checkpoint
+    if not lo.enable:
+        return
+    problems = Problems()
+    if not ck.enable:
+        problems.add(
+            "lora.enable: needs checkpoint.enable = true (the base model loads through the "
+            "checkpointer, and a resume loads it again under the saved adapters)"
+        )
+        problems.raise_if_any()  # the base model's keys need it first
+    if not (ck.initial_load_path or (ck.initial_load_in_hf and cfg.model.hf_assets_path)):
+        problems.add(
+            "lora.enable: needs a base model to adapt: checkpoint.initial_load_path (a DCP "
+            "checkpoint, or a Hugging Face folder with checkpoint.initial_load_in_hf), or "
+            "model.hf_assets_path with checkpoint.initial_load_in_hf"
+        )
+    if "float8" in cfg.model.converters:
+        problems.add("lora.enable: not with model.converters = ['float8'] (adapt bf16/fp32 layers)")
+    if ck.create_seed_checkpoint:
+        problems.add("lora.enable: a seed checkpoint of a LoRA run would hold only the adapters")
+    if not lo.target_modules or not all(isinstance(p, str) and p for p in lo.target_modules):
+        problems.add(
+            f"lora.target_modules: {lo.target_modules!r} must be a non-empty list of globs over "
+            "linear layer names (wqkv, layers.*.feed_forward.w2)"
+        )
+    problems.raise_if_any()
+
+
 def global_batch(local_batch_size: int, global_batch_size: int, dp: int = 1) -> tuple[int, int]:
     """``(global batch, gradient accumulation steps)`` of ``local_batch_size`` sequences per
     rank on ``dp`` data-parallel ranks; ``global_batch_size`` -1 means one local batch per rank.
@@ -186,4 +215,11 @@ def _check_files(cfg: JobConfig) -> None:
     problems.raise_if_any()
 
 
-_CHECKS = (_check_wandb, _check_profiling, _check_checkpoint, _check_batch, _check_debug)
+_CHECKS = (
+    _check_wandb,
+    _check_profiling,
+    _check_checkpoint,
+    _check_lora,
+    _check_batch,
+    _check_debug,
+)

@@ -539,6 +539,29 @@ class Eval:
 
 
 @dataclass
+class Lora:
+    enable: bool = opt(
+        False,
+        "Train low-rank adapters on the target linear layers, the rest of the model frozen; "
+        "needs a base model (checkpoint.initial_load_path, or checkpoint.initial_load_in_hf)",
+    )
+    rank: int = opt(8, "Rank r of each adapter (A: r x in, B: out x r)", ge=1)
+    alpha: float = opt(16.0, "The update is scaled by alpha / rank (peft's lora_alpha)", gt=0)
+    dropout: float = opt(0.0, "Dropout on the adapters' input (peft's lora_dropout)", ge=0, le=0.99)
+    target_modules: list = opt(
+        ["wqkv", "wo", "w1", "w2", "w3"],
+        "Globs over the names of the linear layers to adapt (layers.*.attention.wqkv); a name "
+        "without a dot also matches the last part (wqkv: every layer's)",
+    )
+    merge_on_export: bool = opt(
+        True,
+        "With checkpoint.last_save_in_hf: also write step-N-hf with the adapters merged into "
+        "the weights (an ordinary Hugging Face folder), besides the peft adapter folder "
+        "step-N-peft",
+    )
+
+
+@dataclass
 class Debug:
     seed: int | None = opt(
         None,
@@ -623,6 +646,7 @@ class JobConfig:
     profiling: Profiling = field(default_factory=Profiling)
     validation: Validation = field(default_factory=Validation)
     eval: Eval = field(default_factory=Eval)
+    lora: Lora = field(default_factory=Lora)
     debug: Debug = field(default_factory=Debug)
     comm: Comm = field(default_factory=Comm)
     resilience: Resilience = field(default_factory=Resilience)

@@ -114,7 +114,8 @@ class ExpertParallel(ParallelStyle):
                 continue
             width = Replicate() if hidden is None else Shard(hidden)
             placements = [Shard(0)] + ([width] if mesh.ndim > 1 else [])
-            param = nn.Parameter(distribute_tensor(getattr(module, pname), mesh, placements))
+            local = getattr(module, pname)
+            param = nn.Parameter(distribute_tensor(local, mesh, placements), local.requires_grad)
             module.register_parameter(pname, param)
 
     @torch.compiler.disable

@@ -33,6 +33,7 @@ from torch.distributed.tensor.parallel import (
 
 from torchtitan.distributed.expert_parallel import EXPERT_WIDTH_DIMS
 from torchtitan.distributed.utils import waited
+from torchtitan.lora.layers import LoRAColwiseParallel, LoRARowwiseParallel, is_lora
 from torchtitan.observability.log import logger
 from torchtitan.quantization import float8
 
@@ -79,6 +80,9 @@ def apply_tp(
 
         inductor_config._micro_pipeline_tp = True
         enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+    # torch's SequenceParallel re-registers a norm's weight as trainable: a frozen one (a LoRA
+    # run's) is frozen again below
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     root_plan = _root_plan(model, loss_parallel)
     if root_plan:
         parallelize_module(model, tp_mesh, root_plan)
@@ -88,6 +92,9 @@ def apply_tp(
     for block in model.layers.values():
         styles.block = block
         parallelize_module(block, tp_mesh, block_plan(styles))
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
     if float8_tensorwise:
         logger.info(
             f"Float8 tensor parallel: torchao's float8 styles on {styles.float8_linears} linears, "
@@ -103,7 +110,8 @@ def _root_plan(model: nn.Module, loss_parallel: bool) -> dict[str, Any]:
     if model.norm is not None:
         plan["norm"] = SequenceParallel()
     if model.output is not None:
-        plan["output"] = ColwiseParallel(
+        colwise = LoRAColwiseParallel if is_lora(model.output) else ColwiseParallel
+        plan["output"] = colwise(
             input_layouts=Shard(1),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
@@ -127,15 +135,24 @@ class BlockStyles:
 
     def colwise(self, fqn: str, **kwargs) -> ColwiseParallel:
         if not self._is_float8(fqn):
-            return ColwiseParallel(**kwargs)
+            return self.unquantized_colwise(fqn, **kwargs)
         self.float8_linears += 1
         return self.f8_colwise(**kwargs)
 
     def rowwise(self, fqn: str, **kwargs) -> RowwiseParallel:
         if not self._is_float8(fqn):
-            return RowwiseParallel(**kwargs)
+            return self.unquantized_rowwise(fqn, **kwargs)
         self.float8_linears += 1
         return self.f8_rowwise(**kwargs)
+
+    def unquantized_colwise(self, fqn: str, **kwargs) -> ColwiseParallel:
+        """The plain style, or LoRA's where the linear has adapters (``torchtitan/lora``)."""
+        lora = is_lora(self.block.get_submodule(fqn))
+        return (LoRAColwiseParallel if lora else ColwiseParallel)(**kwargs)
+
+    def unquantized_rowwise(self, fqn: str, **kwargs) -> RowwiseParallel:
+        lora = is_lora(self.block.get_submodule(fqn))
+        return (LoRARowwiseParallel if lora else RowwiseParallel)(**kwargs)
 
     def prepare_input(self, fqn: str, readers: tuple[str, ...], **kwargs) -> PrepareModuleInput:
         """Gather ``fqn``'s input in float8 only if every linear reading it casts to float8."""
@@ -229,9 +246,15 @@ def moe_plan(styles: BlockStyles) -> dict[str, Any]:
         plan["moe.router"] = SumGradOverTP(output=True)
     if block.moe.shared_experts is not None:
         plan |= {
-            "moe.shared_experts.w1": ColwiseParallel(input_layouts=Replicate()),
-            "moe.shared_experts.w3": ColwiseParallel(input_layouts=Replicate()),
-            "moe.shared_experts.w2": RowwiseParallel(output_layouts=Partial()),
+            "moe.shared_experts.w1": styles.unquantized_colwise(
+                "moe.shared_experts.w1", input_layouts=Replicate()
+            ),
+            "moe.shared_experts.w3": styles.unquantized_colwise(
+                "moe.shared_experts.w3", input_layouts=Replicate()
+            ),
+            "moe.shared_experts.w2": styles.unquantized_rowwise(
+                "moe.shared_experts.w2", output_layouts=Partial()
+            ),
         }
     if getattr(block.moe, "shared_gate", None) is not None:
         # it scales the shared expert's partial sums: its output's gradient is one too
@@ -365,7 +388,7 @@ class ShardParameters(ParallelStyle):
             if getattr(module, pname) is not None:
                 placement = Replicate() if dim is None else Shard(dim)
                 param = distribute_tensor(getattr(module, pname), device_mesh, [placement])
-                module.register_parameter(pname, nn.Parameter(param))
+                module.register_parameter(pname, nn.Parameter(param, param.requires_grad))
         return module
 
 

@@ -29,6 +29,8 @@ from torchtitan.distributed.parallelize import parallelize_decoder
 from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.distributed.pipeline import Pipeline, split_model
 from torchtitan.distributed.tensor_parallel import decoder_block_plan
+from torchtitan.lora.apply import apply_lora
+from torchtitan.lora.export import LoRAExport
 from torchtitan.models.common.decoder import get_nparams_and_flops
 from torchtitan.models.common.moe import inactive_params
 from torchtitan.models.spec import ModelSpec
@@ -209,6 +211,7 @@ def build_model(
     )
     # e.g. float8 linears, before any sharding
     apply_converters(model, job_config.model.converters, job_config.float8)
+    added = _apply_lora(model, job_config)
     if m.print_after_conversion:
         logger.info(f"Model after model.converters:\n{model}")
     if on_meta is not None:
@@ -230,8 +233,25 @@ def build_model(
             _materialize(stages[index], rt.device, rt.seed)
     built = BuiltModel(stages, args, nparams, flops_per_token)
     local = sum(_local_numel(p) for part in built.parts for p in part.parameters())
-    logger.info(f"Parameters on this rank: {local:,} of {nparams:,} ({100 * local / nparams:.1f}%)")
+    whole = nparams + added
+    logger.info(f"Parameters on this rank: {local:,} of {whole:,} ({100 * local / whole:.1f}%)")
     return built
+
+
+def _apply_lora(model: nn.Module, job_config: JobConfig) -> int:
+    """``[lora]``: adapters on the chosen linear layers, the rest frozen; the parameters added."""
+    lo = job_config.lora
+    if not lo.enable:
+        return 0
+    adapted = apply_lora(
+        model,
+        rank=lo.rank,
+        alpha=lo.alpha,
+        dropout=lo.dropout,
+        target_modules=list(lo.target_modules),
+    )
+    logger.info(adapted.describe(lo.rank, lo.alpha))
+    return adapted.trainable
 
 
 def _split_into_stages(model: nn.Module, rt: Runtime) -> dict[int, nn.Module]:
@@ -248,6 +268,9 @@ def _materialize(part: nn.Module, device: torch.device, seed: int) -> None:
     part.to_empty(device=device)
     with torch.no_grad(), layout_invariant_init(part, seed):
         part.init_weights()
+        for module in part.modules():  # parameters a conversion added (LoRA's adapters)
+            if hasattr(module, "init_added_parameters"):
+                module.init_added_parameters()
     part.train()
 
 
@@ -289,6 +312,22 @@ def build_optimizer(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> tu
     return optimizer, lr_scheduler
 
 
+def lora_export(job_config: JobConfig) -> LoRAExport | None:
+    """A LoRA run's export settings (None without LoRA): the base it adapts is named in the
+    peft adapter folder."""
+    lo, ck = job_config.lora, job_config.checkpoint
+    if not lo.enable:
+        return None
+    base = hf_load_source(ck, job_config.model) if ck.initial_load_in_hf else None
+    return LoRAExport(
+        rank=lo.rank,
+        alpha=lo.alpha,
+        dropout=lo.dropout,
+        merge=lo.merge_on_export,
+        base_model=base[0] if base else ck.initial_load_path,
+    )
+
+
 def build_checkpointer(
     job_config: JobConfig,
     rt: Runtime,
@@ -321,7 +360,9 @@ def build_checkpointer(
             pp_rank=rt.dims.pp_rank,
             pp_degree=rt.dims.pp,
             load_source=hf_load_source(job_config.checkpoint, job_config.model),
+            adapters=lora_export(job_config),
         ),
+        trainable_only=job_config.lora.enable,
         run_facts=run_facts(
             global_batch_size=rt.plan.global_batch_size,
             local_batch_size=job_config.training.local_batch_size,

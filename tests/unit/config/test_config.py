@@ -168,6 +168,13 @@ def test_debug_config_parses():
             ["--model.tokenizer_path", "/no/such/tok.model"],
             "model.tokenizer_path: '/no/such/tok.model' does not exist",
         ),
+        ("", ["--lora.enable"], "lora.enable: needs checkpoint.enable = true"),
+        (
+            "",
+            ["--lora.enable", "--checkpoint.enable"],
+            "lora.enable: needs a base model to adapt: checkpoint.initial_load_path",
+        ),
+        ("", ["--lora.rank", "0"], "lora.rank: 0 must be >= 1"),
         (
             "",
             ["--training.chat_template", "/no/such/chat.jinja"],
@@ -239,7 +246,7 @@ def test_a_misspelled_section_is_one_line_per_file(tmp_path, capsys):
         "command line: --opt.lr: unknown section [opt]; did you mean [optimizer]?",
         "command line: --zzz.name: unknown section [zzz]; sections: job, model, float8, "
         "optimizer, lr_scheduler, training, metrics, parallelism, moe, checkpoint, "
-        "activation_checkpoint, compile, profiling, validation, eval, debug, comm, resilience",
+        "activation_checkpoint, compile, profiling, validation, eval, lora, debug, comm, resilience",
     ]
     assert preflight.main(["--job.config_file", path]) == 2
     assert capsys.readouterr().err == (
