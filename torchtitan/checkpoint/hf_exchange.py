@@ -144,7 +144,13 @@ def export_hf(
     tmp = final + ".partial"
     t0 = time.perf_counter()
     dtype = _EXPORT_DTYPES[export_dtype]
-    state = _gather(model_parts, ranks.stage_writer, torch.float32 if adapters else dtype)
+    only_adapters = adapters is not None and not adapters.merge
+    state = _gather(
+        model_parts,
+        ranks.stage_writer,
+        torch.float32 if adapters else dtype,
+        keep=(lambda k: k.endswith((".lora_a", ".lora_b"))) if only_adapters else None,
+    )
     if adapters is not None:
         tensors = adapters.peft_tensors(state, adapter) if ranks.stage_writer else {}
         peft = _export_peft(final.removesuffix("-hf") + "-peft", adapters, tensors, ranks, dtype)
@@ -208,12 +214,15 @@ def _export_peft(
 
 
 def _gather(
-    model_parts: list[nn.Module], stage_writer: bool, dtype: torch.dtype
+    model_parts: list[nn.Module], stage_writer: bool, dtype: torch.dtype, keep: Any = None
 ) -> dict[str, torch.Tensor]:
-    """Every parameter whole, in ``dtype`` on the CPU of the stage writer (empty elsewhere)."""
+    """Every parameter whole (those ``keep(name)`` is true of, if given), in ``dtype`` on the
+    CPU of the stage writer (empty elsewhere)."""
     state: dict[str, torch.Tensor] = {}
     for part in model_parts:
         for name, value in get_model_state_dict(part).items():
+            if keep is not None and not keep(name):
+                continue
             full = full_tensor(value)  # a collective over the part's mesh, same order everywhere
             if stage_writer:
                 state[name] = full.detach().to("cpu", dtype)

@@ -14,6 +14,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 
+from torchtitan.distributed.param_init import canonical_name
+
 STATE_KEYS = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng")
 _EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -33,9 +35,9 @@ class TrainState:
 class ModelState:
     """The model parts (pipeline stages) as one state dict keyed by parameter FQN.
 
-    ``which``: ``"all"`` of it; ``"trainable"``: the parameters that train (a run with frozen
-    parameters, LoRA, saves and resumes only those); ``"frozen"``: the rest (what such a run
-    loads from its base model)."""
+    ``which``: ``"all"`` of it; ``"trainable"``: the parameters that train, and the buffers (a run
+    with frozen parameters, LoRA, saves and resumes only those); ``"frozen"``: every entry but
+    the trained parameters (what such a run loads from its base model, buffers included)."""
 
     def __init__(self, parts: list[nn.Module], which: str = "all") -> None:
         assert which in ("all", "trainable", "frozen"), which
@@ -64,9 +66,9 @@ class ModelState:
 
 
 def trainable_keys(part: nn.Module) -> set[str]:
-    """The state-dict keys of ``part``'s parameters that train (``requires_grad``)."""
-    options = StateDictOptions(ignore_frozen_params=True)
-    return set(get_model_state_dict(part, options=options))
+    """The state-dict keys of ``part``'s parameters that train (``requires_grad``); buffers
+    (an MoE layer's expert biases) are not among them: a base model holds them."""
+    return {canonical_name(n) for n, p in part.named_parameters() if p.requires_grad}
 
 
 class RNGState:

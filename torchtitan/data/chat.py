@@ -25,7 +25,8 @@ Tokens
     ordinary documents never becomes control tokens.
 
 Labels
-    A token is predicted when its first character lies in an assistant span of the rendering:
+    A token is predicted when its characters overlap an assistant span of the rendering (the
+    rule of ``transformers``' ``return_assistant_tokens_mask``):
     - a template with ``{% generation %}`` blocks marks the spans itself, as ``transformers``'
       ``return_assistant_tokens_mask`` reads them;
     - otherwise assistant message ``i``'s span runs from the end of
@@ -277,6 +278,13 @@ class ChatTemplate:
                 pieces.append(piece)
         except jinja2.exceptions.TemplateError as e:
             raise ChatError(f"the chat template '{self.origin}' failed: {e}") from None
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            # Jinja passes the template's Python errors through: a message's content that is
+            # a list of parts where the template adds strings, say
+            raise ChatError(
+                f"the chat template '{self.origin}' failed: {type(e).__name__}: {e} (do the "
+                "messages have the fields and types this template expects?)"
+            ) from None
         finally:
             tracker.output = None
         return "".join(pieces), list(tracker.spans)
@@ -349,21 +357,22 @@ class ChatEncoder:
                 raise ChatError(f"message {i} has no 'role' string (keys: {sorted(m)})")
         msgs = template_messages(messages)
         text, spans = self.template.assistant_spans(msgs)
-        ids, starts = self.tokenizer.encode_rendered(text)
-        return ids, not_predicted_runs(starts, spans)
+        ids, offsets = self.tokenizer.encode_rendered(text)
+        return ids, not_predicted_runs(offsets, spans)
 
 
-def not_predicted_runs(starts: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[list[int]]:
-    """The ``[start, stop)`` runs of tokens whose first character (``starts``, ascending) is in
-    no span."""
+def not_predicted_runs(
+    offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]
+) -> list[list[int]]:
+    """The ``[start, stop)`` runs of tokens (``offsets``: their ``(start, end)`` characters, in
+    order) that overlap no span."""
     runs: list[list[int]] = []
     k, spans = 0, sorted(spans)
-    for j, c in enumerate(starts):
-        while k < len(spans) and spans[k][1] <= c:
+    for j, (start, end) in enumerate(offsets):
+        while k < len(spans) and start >= spans[k][1]:
             k += 1
-        predicted = k < len(spans) and spans[k][0] <= c
-        if predicted:
-            continue
+        if k < len(spans) and end > spans[k][0]:
+            continue  # predicted
         if runs and runs[-1][1] == j:
             runs[-1][1] = j + 1
         else:

@@ -296,7 +296,7 @@ class TikTokenizer(Tokenizer):
 
     def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
         """Ids of a chat template's rendering, its special-token text read as special tokens
-        (tiktoken's ``allowed_special="all"``), and each token's first character."""
+        (tiktoken's ``allowed_special="all"``), and each token's ``(start, end)`` characters."""
         ids: list[int] = []
         for piece in self._special_re.split(text):
             special = self._special_tokens.get(piece)
@@ -304,7 +304,7 @@ class TikTokenizer(Tokenizer):
                 ids.append(special)
             elif piece:
                 ids.extend(self.encode(piece, bos=False, eos=False))
-        return ids, _char_starts(text, [len(self._model.decode_single_token_bytes(i)) for i in ids])
+        return ids, _char_spans(text, [len(self._model.decode_single_token_bytes(i)) for i in ids])
 
     def template_variables(self) -> dict[str, str]:
         """The special-token texts a chat template is rendered with."""
@@ -316,15 +316,18 @@ class TikTokenizer(Tokenizer):
         return re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
 
 
-def _char_starts(text: str, token_bytes: list[int]) -> list[int]:
-    """The character each token starts in, from the UTF-8 byte lengths of the tokens of
-    ``text`` (a token that starts inside a character starts in that character)."""
+def _char_spans(text: str, token_bytes: list[int]) -> list[tuple[int, int]]:
+    """Each token's ``(start, end)`` characters, from the UTF-8 byte lengths of the tokens of
+    ``text``: a token that starts or ends inside a character covers that character."""
     import numpy as np
 
     char_bytes = np.fromiter((len(c.encode()) for c in text), dtype=np.int64, count=len(text))
     char_ends = np.cumsum(char_bytes)
-    token_starts = np.cumsum([0, *token_bytes[:-1]]) if token_bytes else np.zeros(0, np.int64)
-    return np.searchsorted(char_ends, token_starts, side="right").tolist()
+    ends = np.cumsum(np.asarray(token_bytes, dtype=np.int64))
+    starts = ends - np.asarray(token_bytes, dtype=np.int64)
+    first = np.searchsorted(char_ends, starts, side="right")
+    last = np.searchsorted(char_ends, ends, side="left") + 1
+    return list(zip(first.tolist(), last.tolist(), strict=True))
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -450,20 +453,25 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def encode_rendered(self, text: str) -> tuple[list[int], list[int]]:
         """Ids of a chat template's rendering, its special-token text read as special tokens
-        (``transformers``' ``apply_chat_template``), and each token's first character."""
+        (``transformers``' ``apply_chat_template``), and each token's ``(start, end)``
+        characters."""
         self._model.encode_special_tokens = False
         try:
             encoding = self._model.encode(text, add_special_tokens=False)
         finally:
             self._model.encode_special_tokens = True
-        return encoding.ids, [start for start, _ in encoding.offsets]
+        return encoding.ids, list(encoding.offsets)
 
     def template_variables(self) -> dict[str, str]:
-        """The special-token texts a chat template is rendered with: ``tokenizer_config.json``'s
-        (else ``special_tokens_map.json``'s) ``bos_token``, ``eos_token``, ..., as
-        ``transformers`` passes them."""
+        """The special-token texts a chat template is rendered with, ``bos_token``,
+        ``eos_token``, ..., as ``transformers`` (5.x) reads them: from ``tokenizer_config.json``,
+        and where it has no ``added_tokens_decoder`` (an older save), from
+        ``special_tokens_map.json`` over it."""
         out: dict[str, str] = {}
-        for values in (self._special_tokens_map, self._tokenizer_config):
+        sources = [self._tokenizer_config]
+        if "added_tokens_decoder" not in self._tokenizer_config:
+            sources.append(self._special_tokens_map)
+        for values in sources:
             for name in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"):
                 token = values.get(f"{name}_token")
                 if isinstance(token, dict):

@@ -43,6 +43,12 @@ def load_model(
         if flavor is None:
             raise ConfigError(f"{flavor_key}: needed for a DCP checkpoint (e.g. {flavor_key} 8B)")
         state = read_model_weights(checkpoint, progress=progress)
+        if any(k.endswith(".lora_a") for k in state):
+            raise ConfigError(
+                f"{key}: '{checkpoint}' is a LoRA run's checkpoint, which holds the adapters "
+                "only; load its merged export (step-N-hf, written with "
+                "checkpoint.last_save_in_hf), or its base with the step-N-peft folder in peft"
+            )
         vocab = state["tok_embeddings.weight"].shape[0]
         # the blocks it holds: a run may have cut the flavor's (model.n_layers)
         n_layers = len({k.split(".")[1] for k in state if k.startswith("layers.")})

@@ -62,6 +62,14 @@ def apply_lora(
             f"this model; its linear layers are named {', '.join(kinds)} (e.g. "
             f"{next(iter(linears), 'none')}); give globs over those names"
         )
+    shared = _shared_weights(model)
+    tied = [n for n in chosen if id(linears[n].weight) in shared]
+    if tied:
+        raise ConfigError(
+            f"lora.target_modules: {tied[0]} shares its weight with "
+            f"{shared[id(linears[tied[0]].weight)]} (tied embeddings), so its adapter could not "
+            "be exported; leave it out of the targets"
+        )
     for p in model.parameters():
         p.requires_grad_(False)
     for name in chosen:
@@ -75,6 +83,18 @@ def apply_lora(
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     return LoRASummary(tuple(chosen), trainable, total)
+
+
+def _shared_weights(model: nn.Module) -> dict[int, str]:
+    """``{id(parameter): a module name}`` of the parameters held by more than one module."""
+    seen: dict[int, str] = {}
+    shared: dict[int, str] = {}
+    for name, module in model.named_modules():
+        for p in module.parameters(recurse=False):
+            if id(p) in seen and seen[id(p)] != name:
+                shared[id(p)] = seen[id(p)]
+            seen.setdefault(id(p), name)
+    return shared
 
 
 def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:

@@ -72,14 +72,13 @@ class LoRAExport:
         return out
 
     def peft_config(self, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """``adapter_config.json`` of these adapters (``target_modules``: the modules' last
-        names, as ``peft`` matches them)."""
+        """``adapter_config.json`` of these adapters (``target_modules``: the adapted modules'
+        full names, so that ``peft`` adds adapters to those only, whatever subset of the
+        layers they are)."""
         targets = sorted(
-            {
-                k.removesuffix(".lora_A.weight").rsplit(".", 1)[-1]
-                for k in tensors
-                if k.endswith(".lora_A.weight")
-            }
+            k.removeprefix(PEFT_PREFIX).removesuffix(".lora_A.weight")
+            for k in tensors
+            if k.endswith(".lora_A.weight")
         )
         return {
             "peft_type": "LORA",

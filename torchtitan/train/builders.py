@@ -313,8 +313,8 @@ def build_optimizer(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> tu
 
 
 def lora_export(job_config: JobConfig) -> LoRAExport | None:
-    """A LoRA run's export settings (None without LoRA): the base it adapts is named in the
-    peft adapter folder."""
+    """A LoRA run's export settings (None without LoRA): a Hugging Face base it adapts is
+    named in the peft adapter folder (a DCP base is not: peft could not load it)."""
     lo, ck = job_config.lora, job_config.checkpoint
     if not lo.enable:
         return None
@@ -324,7 +324,7 @@ def lora_export(job_config: JobConfig) -> LoRAExport | None:
         alpha=lo.alpha,
         dropout=lo.dropout,
         merge=lo.merge_on_export,
-        base_model=base[0] if base else ck.initial_load_path,
+        base_model=base[0] if base else None,
     )
 
 

@@ -107,7 +107,8 @@ class Loop:
             self.rt.plan.model_args.n_layers
             + getattr(self.rt.plan.model_args, "num_mtp_layers", 0),
             tp=self.rt.dims.tp,
-            coeff=moe.load_balance_coeff,
+            # a LoRA run keeps its base's routing: the expert biases are frozen with the rest
+            coeff=0.0 if self.job_config.lora.enable else moe.load_balance_coeff,
             aux_coeff=moe.aux_loss_coeff,
             device=self.rt.device,
         )

@@ -134,6 +134,46 @@ def test_generation_blocks_give_transformers_assistant_mask(tmp_path):
         assert _predicted(ids, runs).tolist() == [bool(m) for m in out["assistant_masks"]]
 
 
+SPACED = (
+    "{% for m in messages %}{% if m.role == 'user' %}User: {{ m.content }}\n"
+    "{% else %}Assistant: {% generation %}{{ m.content }}<|im_end|>{% endgeneration %}\n"
+    "{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("generation", [True, False])
+def test_a_token_across_a_span_start_is_predicted_as_in_transformers(tmp_path, generation):
+    """``'Assistant: '`` then the answer: the answer's first token (``' H'``) starts in the
+    prompt's space and overlaps the span, so it is predicted (transformers' overlap rule); the
+    same without generation blocks, where the span also starts after the prompt's space."""
+    plain = (
+        SPACED.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+        + "{% if add_generation_prompt %}Assistant: {% endif %}"
+    )
+    template = SPACED if generation else plain
+    (tmp_path / "t.jinja").write_text(template)
+    folder = chatml_folder(tmp_path / "tok", template=None)
+    tok = build_tokenizer(str(folder / "tokenizer.json"))
+    ids, runs = ChatEncoder(tok, str(tmp_path / "t.jinja"), KEY).encode(CONV)
+    theirs = _auto(folder)
+    assert ids == _ids(theirs.apply_chat_template(CONV, tokenize=True, chat_template=template))
+    out = theirs.apply_chat_template(
+        CONV,
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+        chat_template=SPACED,
+    )
+    mask, reference = _predicted(ids, runs).tolist(), [bool(m) for m in out["assistant_masks"]]
+    first = mask.index(True)
+    assert first == reference.index(True) and tok.decode(ids[first : first + 1]) == " H"
+    if generation:
+        assert mask == reference
+
+
+CONV = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}]
+
+
 def test_a_template_that_rewrites_earlier_turns_stops_with_one_line(chatml):
     """Qwen3's way: reasoning of turns before the last user message is dropped."""
     ours = ChatEncoder(build_tokenizer(str(chatml / "tokenizer.json")), None, KEY)
@@ -181,6 +221,14 @@ def test_where_the_template_comes_from(tmp_path, chatml):
     broken = ChatEncoder(build_tokenizer(tok_path), str(tmp_path / "bad.jinja"), KEY)
     with pytest.raises(ConfigError, match=r"chat template '.*bad.jinja': line 2: "):
         broken.encode(conversation(0))
+
+
+def test_a_template_failing_on_the_data_is_one_line(tmp_path, chatml):
+    """A Python error inside the template (content as a list of parts where it adds strings)."""
+    tok = build_tokenizer(str(chatml / "tokenizer.json"))
+    convs = [[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]] + CONVERSATIONS
+    with pytest.raises(DataError, match=r"row 0 .*failed: TypeError: .*do the messages have"):
+        _loader(write_conversations(tmp_path / "parts.jsonl", convs), tok)
 
 
 def test_sentencepiece_is_refused_in_one_line():

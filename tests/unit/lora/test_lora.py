@@ -129,6 +129,35 @@ def test_patterns_that_match_nothing_are_one_line():
     assert "LoRA rank 4, alpha 8 on 2 linear layers (wo, wqkv)" in summary.describe(4, 8.0)
 
 
+def test_a_tied_output_is_refused_and_a_subset_of_layers_exports_only_those(tmp_path):
+    from peft import PeftModel
+
+    cls, args, adapter_cls, arch = FAMILIES["llama"]
+    tied = dataclasses.replace(args, tie_word_embeddings=True)
+    with pytest.raises(
+        ConfigError, match=r"^lora.target_modules: output shares its weight with tok_embeddings"
+    ):
+        apply_lora(cls(tied), target_modules=["output", "wo"], **SETTINGS)
+    # adapters on layer 1's attention only: peft adds adapters there and nowhere else
+    base = _base("llama")
+    lora = cls(args)
+    apply_lora(lora, target_modules=["layers.1.attention.*"], **SETTINGS)
+    lora.load_state_dict(base.state_dict(), strict=False)
+    for m in lora_modules(lora).values():
+        m.init_added_parameters()
+        torch.nn.init.normal_(m.lora_b, std=0.05)
+    export(adapter_cls, base, args, tmp_path / "base")
+    lx = LoRAExport(**SETTINGS)
+    lx.write_peft(str(tmp_path / "peft"), lx.peft_tensors(lora.state_dict(), adapter_cls(args)))
+    peft_model = PeftModel.from_pretrained(hf_from(tmp_path / "base", arch), str(tmp_path / "peft"))
+    adapted = {n.split(".lora_A")[0] for n, _ in peft_model.named_parameters() if "lora_A" in n}
+    assert {a.removeprefix("base_model.model.") for a in adapted} == {
+        f"model.layers.1.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+    }
+    with torch.no_grad():
+        assert (peft_model.eval()(_tokens()).logits - lora.eval()(_tokens())).abs().max() < 1e-5
+
+
 def test_dropout_applies_to_the_adapters_input_in_training_only():
     from torchtitan.lora.layers import LoRALinear
 
@@ -144,3 +173,37 @@ def test_dropout_applies_to_the_adapters_input_in_training_only():
     layer.train()
     assert not torch.allclose(layer(x), full, atol=1e-3)
     assert torch.allclose(layer.delta(), 2.0 * layer.lora_b @ layer.lora_a)
+
+
+def test_a_base_model_holds_the_buffers_and_the_checkpoint_too():
+    """The frozen view (what loads from the base) has every entry but the adapters, buffers
+    included (an MoE layer's expert biases); the trainable view (what a LoRA checkpoint saves)
+    the adapters and the buffers (a resume restores them as they were)."""
+    from torchtitan.checkpoint.states import ModelState
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wo = torch.nn.Linear(4, 4, bias=False)
+            self.register_buffer("expert_bias", torch.zeros(4))
+
+    model = torch.nn.Module()
+    model.block = Block()
+    apply_lora(model, target_modules=["wo"], **SETTINGS)
+    frozen = ModelState([model], "frozen").state_dict()
+    trainable = ModelState([model], "trainable").state_dict()
+    assert sorted(frozen) == ["block.expert_bias", "block.wo.weight"]
+    assert sorted(trainable) == ["block.expert_bias", "block.wo.lora_a", "block.wo.lora_b"]
+
+
+def test_loading_a_lora_checkpoint_for_inference_is_one_line(tmp_path):
+    """generate.py / lm-eval on a LoRA run's step-N (adapters only): say what to load instead."""
+    import torch.distributed.checkpoint as dcp
+
+    from torchtitan.evaluation.inference import load_model
+
+    _, lora = _adapted("llama")
+    adapters = {k: v for k, v in lora.state_dict().items() if "lora" in k}
+    dcp.save({"model": adapters}, checkpoint_id=str(tmp_path / "step-4"), no_dist=True)
+    with pytest.raises(ConfigError, match=r"^--checkpoint: '.*step-4' is a LoRA run's checkpoint"):
+        load_model(str(tmp_path / "step-4"), "llama3", "debugmodel")
