@@ -9,16 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-from chat_data import chatml_folder, conversation, write_conversations
-from hf_folders import write_model_folder
+from chat_data import chat_model_folder, conversation, write_conversations
 from launcher import pooled, tensorboard_scalars_all_runs
 
 
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory) -> Path:
     """A Hub-like debug Llama folder whose tokenizer has ChatML tokens and a chat template."""
-    tokenizer = chatml_folder(tmp_path_factory.mktemp("chatml"))
-    return write_model_folder(tokenizer, tmp_path_factory.mktemp("chat-model"))
+    return chat_model_folder(tmp_path_factory)
 
 
 def _args(folder: Path, data: Path, steps: int) -> list[str]:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from chat_data import chatml_folder, conversation, write_conversations
-from hf_folders import write_model_folder
+from chat_data import chat_model_folder, conversation, write_conversations
 from launcher import PP2_1F1B, pooled, tensorboard_scalars, tensorboard_scalars_all_runs
 
 STEPS = 4
@@ -33,8 +32,7 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     """A Hub-like debug Llama folder with a ChatML tokenizer and chat template."""
-    tokenizer = chatml_folder(tmp_path_factory.mktemp("chatml"))
-    return write_model_folder(tokenizer, tmp_path_factory.mktemp("base-model"))
+    return chat_model_folder(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

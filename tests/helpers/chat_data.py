@@ -46,6 +46,15 @@ def chatml_folder(dest: Path, template: Path | None = CHATML) -> Path:
     return dest
 
 
+def chat_model_folder(tmp_path_factory) -> Path:
+    """A Hub-like debug Llama folder (weights and config) with the ChatML tokenizer folder's
+    files and chat template."""
+    from hf_folders import write_model_folder
+
+    tokenizer = chatml_folder(tmp_path_factory.mktemp("chatml"))
+    return write_model_folder(tokenizer, tmp_path_factory.mktemp("chat-model"))
+
+
 def conversation(i: int, *, reasoning_in_earlier_turns: bool = False) -> list[dict[str, Any]]:
     """Conversation ``i``: sometimes a system prompt, one to three exchanges, non-ASCII text; the
     last answer has reasoning in every other conversation (as ``reasoning_content`` or inline in

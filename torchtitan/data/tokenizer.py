@@ -413,10 +413,8 @@ class HuggingFaceTokenizer(Tokenizer):
                 (HF_TOKENIZER_CONFIG, tokenizer_config),
                 (HF_SPECIAL_TOKENS_MAP, special_tokens_map),
             ):
-                token = values.get(f"{name}_token")
-                if isinstance(token, dict):
-                    token = token.get("content")
-                if isinstance(token, str) and token:
+                token = _token_text(values.get(f"{name}_token"))
+                if token:
                     token_id = self._model.token_to_id(token)
                     if token_id is None:
                         raise ValueError(
@@ -473,10 +471,8 @@ class HuggingFaceTokenizer(Tokenizer):
             sources.append(self._special_tokens_map)
         for values in sources:
             for name in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"):
-                token = values.get(f"{name}_token")
-                if isinstance(token, dict):
-                    token = token.get("content")
-                if isinstance(token, str):
+                token = _token_text(values.get(f"{name}_token"))
+                if token is not None:
                     out[f"{name}_token"] = token
         return out
 
@@ -497,6 +493,14 @@ class HuggingFaceTokenizer(Tokenizer):
         # special tokens are kept and spaces are not "cleaned up": what transformers' decode gives
         # for a BPE tokenizer
         return self._model.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def _token_text(entry: Any) -> str | None:
+    """A special-token entry of ``tokenizer_config.json`` / ``special_tokens_map.json``: a
+    string, or a dict whose ``content`` is the token; None otherwise."""
+    if isinstance(entry, dict):
+        entry = entry.get("content")
+    return entry if isinstance(entry, str) else None
 
 
 def _config_vocab_size(model_config: dict[str, Any]) -> Any:
