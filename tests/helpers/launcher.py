@@ -102,11 +102,12 @@ STEP_RE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
 
 
 def launch(
-    tmp_path: Path, *args: str, ngpu: int = 1, timeout: int = 600
+    tmp_path: Path, *args: str, ngpu: int = 1, timeout: int = 600, **env: str
 ) -> subprocess.CompletedProcess:
-    """``NGPU=ngpu ./run_llama_train.sh --job.dump_folder tmp_path/out args``, offline, on CPU."""
+    """``NGPU=ngpu ./run_llama_train.sh --job.dump_folder tmp_path/out args``, offline, on CPU
+    (``env``: variables set for it)."""
     cmd = [str(ROOT / "run_llama_train.sh"), "--job.dump_folder", str(tmp_path / "out"), *args]
-    env = train_env(tmp_path, NGPU=str(ngpu))
+    env = train_env(tmp_path, NGPU=str(ngpu), **env)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

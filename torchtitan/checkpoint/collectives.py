@@ -31,11 +31,14 @@ def _barrier() -> None:
 
 
 def _attempt(fn: Any) -> str | None:
-    """Run ``fn``; the one-line description of the OSError it raised, else None."""
+    """Run ``fn``; the one-line description of what it raised (a disk's OSError, storage that
+    does not answer), else None: the ranks then agree on it instead of some waiting."""
     try:
         fn()
     except OSError as e:
         return f"Hugging Face export failed: {e}"
+    except Exception as e:
+        return f"Hugging Face export failed: {type(e).__name__}: {_first_line(e)}"
     return None
 
 

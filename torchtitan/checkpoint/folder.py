@@ -19,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torchtitan.checkpoint import storage
 from torchtitan.checkpoint.errors import CheckpointError
 from torchtitan.observability.log import logger
+from torchtitan.remote import StorageError, access_problem
 
 MARKER = "COMPLETE"
 
@@ -37,35 +39,34 @@ class Found:
 
 def step_path(folder: str, step: int) -> str:
     """Where the checkpoint of ``step`` lives in ``folder``."""
-    return os.path.join(folder, f"step-{step}")
+    return storage.join(folder, f"step-{step}")
 
 
 def write_marker(
     path: str, step: int, model_only: bool, world_size: int, run: dict[str, Any] | None = None
 ) -> None:
-    """Mark ``path`` complete: written to a temporary name, fsynced, then renamed, so that the
-    marker is either absent or whole. ``run``: what a resume must match (``mismatch.run_facts``)."""
+    """Mark ``path`` complete: the marker is either absent or whole (``storage.write_atomic``).
+    ``run``: what a resume must match (``mismatch.run_facts``)."""
     info = {"step": step, "model_only": model_only, "world_size": world_size}
     if run:
         info["run"] = run
-    tmp = os.path.join(path, f".{MARKER}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(info, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(path, MARKER))
+    storage.write_atomic(storage.join(path, MARKER), json.dumps(info).encode())
 
 
 def read_marker(path: str) -> dict[str, Any]:
     """What the marker in ``path`` says; ``{}`` when there is none or it cannot be read (an
     unreadable marker is no marker)."""
-    marker = os.path.join(path, MARKER)
-    if not os.path.isfile(marker):
-        return {}
     try:
-        with open(marker) as f:
-            info = json.load(f)
-    except (OSError, ValueError):
+        data = storage.read_bytes(storage.join(path, MARKER))
+        info = json.loads(data) if data is not None else {}
+    except ValueError:
+        return {}
+    except Exception as e:
+        if storage.is_url(path):  # storage that fails to answer is not a missing marker
+            problem = access_problem(e) or f"{type(e).__name__}: {e}"
+            raise StorageError(f"checkpoint {path}: its {MARKER} cannot be read: {problem}") from e
+        if not isinstance(e, OSError):
+            raise
         return {}
     return info if isinstance(info, dict) else {}
 
@@ -73,12 +74,10 @@ def read_marker(path: str) -> dict[str, Any]:
 def scan(folder: str) -> list[Found]:
     """Every ``step-N`` folder under ``folder``, oldest first."""
     found = []
-    if not os.path.isdir(folder):
-        return found
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        if not (name.startswith("step-") and name[5:].isdigit() and os.path.isdir(path)):
+    for name in storage.list_dirs(folder):
+        if not (name.startswith("step-") and name[5:].isdigit()):
             continue
+        path = storage.join(folder, name)
         info = read_marker(path)
         found.append(Found(int(name[5:]), path, bool(info), bool(info.get("model_only", False))))
     return sorted(found, key=lambda c: c.step)
@@ -145,6 +144,13 @@ def to_purge(found: list[Found], keep_latest_k: int, keep: str) -> list[Found]:
     for model_only in (False, True):
         same_kind = [c for c in complete if c.model_only == model_only]
         for old in same_kind[:-keep_latest_k]:
-            if os.path.abspath(old.path) != os.path.abspath(keep):
+            if not _same(old.path, keep):
                 purge.append(old)
     return purge
+
+
+def _same(a: str, b: str) -> bool:
+    """Whether two checkpoint paths name the same folder (URLs as written, local paths resolved)."""
+    if storage.is_url(a) or storage.is_url(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.abspath(a) == os.path.abspath(b)

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 
+from torchtitan.checkpoint import storage
 from torchtitan.checkpoint.collectives import _agree, _attempt
 from torchtitan.checkpoint.errors import CheckpointError
 from torchtitan.checkpoint.states import _EXPORT_DTYPES, ModelState, TrainState
@@ -27,6 +28,8 @@ from torchtitan.config.schema import Checkpoint, Model
 from torchtitan.distributed.utils import full_tensor
 from torchtitan.errors import TorchTitanError
 from torchtitan.observability.log import logger
+
+CONFIG = "config.json"  # a Hugging Face folder's model config: its presence means whole
 
 
 def hf_load_source(checkpoint: Checkpoint, model: Model) -> tuple[str, str] | None:
@@ -130,6 +133,7 @@ def export_hf(
     export_tokenizer: Any,
     ranks: ExportRanks,
     adapters: Any = None,
+    staging: str | None = None,
 ) -> str:
     """``final`` (``step-{step}-hf``): config.json, safetensors and tokenizer files that
     ``transformers`` loads (``AutoModelForCausalLM``, ``AutoTokenizer``). Parameters are gathered
@@ -139,9 +143,16 @@ def export_hf(
     ``adapters`` (``torchtitan.lora.export.LoRAExport``, for a LoRA run): the adapters are also
     written as a ``peft`` adapter folder ``step-{step}-peft``, and ``final`` gets them merged
     into the weights (unless ``adapters.merge`` is false: then only the adapter folder is written,
-    and its path returned)."""
+    and its path returned).
+
+    ``final`` may be a URL (object storage): each writing rank writes into its own folder under
+    the local ``staging`` and uploads it, and rank 0 uploads ``config.json`` last, once every
+    other file is there (a folder without it is not a whole export)."""
     adapter = make_adapter(hf_adapter, model_args, "checkpoint.last_save_in_hf")
-    tmp = final + ".partial"
+    remote = storage.is_url(final)
+    if remote and staging is None:
+        raise ValueError("an export to a URL needs a local staging folder")
+    tmp = os.path.join(staging, f"rank-{ranks.rank}") if remote else final + ".partial"
     t0 = time.perf_counter()
     dtype = _EXPORT_DTYPES[export_dtype]
     only_adapters = adapters is not None and not adapters.merge
@@ -153,7 +164,9 @@ def export_hf(
     )
     if adapters is not None:
         tensors = adapters.peft_tensors(state, adapter) if ranks.stage_writer else {}
-        peft = _export_peft(final.removesuffix("-hf") + "-peft", adapters, tensors, ranks, dtype)
+        peft = _export_peft(
+            final.removesuffix("-hf") + "-peft", adapters, tensors, ranks, dtype, staging
+        )
         if not adapters.merge:
             return peft
         state = {k: v.to(dtype) for k, v in adapters.merged(state).items()}
@@ -166,7 +179,7 @@ def export_hf(
     )
     # Writing can fail on one rank only (a full disk): each step ends in _agree, so every
     # rank stops with the same error instead of the others waiting at a barrier.
-    _agree(_attempt(lambda: ranks.rank == 0 and os.path.isdir(tmp) and shutil.rmtree(tmp)))
+    _agree(_attempt(lambda: _clear(tmp, final, ranks.rank, remote)))
 
     def write() -> None:
         if ranks.rank == 0 and tok is not None and export_tokenizer is not None:
@@ -177,19 +190,35 @@ def export_hf(
     if ranks.pp_degree > 1:
         _write_index(tmp, hf_state, config, ranks)
 
-    def publish() -> None:
-        if ranks.rank == 0:
-            if os.path.isdir(final):
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-
-    _agree(_attempt(publish))
+    if remote:  # every writer its own files, then rank 0 config.json: the export is whole
+        _agree(_attempt(lambda: storage.upload(tmp, final, skip=CONFIG)))
+        done = storage.join(final, CONFIG)
+        _agree(_attempt(lambda: ranks.rank == 0 and storage.upload_file(f"{tmp}/{CONFIG}", done)))
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        _agree(_attempt(lambda: ranks.rank == 0 and storage.publish(tmp, final, last=CONFIG)))
     logger.info(f"Exported Hugging Face weights to {final} in {time.perf_counter() - t0:.2f}s")
     return final
 
 
+def _clear(tmp: str, final: str, rank: int, remote: bool) -> None:
+    """Before an export: no leftovers in the folder it is written into (and, for a URL, no
+    older export of the step: its config.json goes first)."""
+    if remote:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if rank == 0:
+            storage.remove(final, first=CONFIG)
+    elif rank == 0 and os.path.isdir(tmp):
+        shutil.rmtree(tmp)
+
+
 def _export_peft(
-    final: str, adapters: Any, tensors: dict[str, torch.Tensor], ranks: ExportRanks, dtype: Any
+    final: str,
+    adapters: Any,
+    tensors: dict[str, torch.Tensor],
+    ranks: ExportRanks,
+    dtype: Any,
+    staging: str | None = None,
 ) -> str:
     """Rank 0 writes every stage's adapters (small: gathered as objects) as one ``peft``
     adapter folder; it appears whole or not at all."""
@@ -198,15 +227,14 @@ def _export_peft(
         every = [None] * ranks.world_size
         dist.all_gather_object(every, tensors)
     merged = {k: v.to(dtype) for part in every for k, v in part.items()}
-    tmp = final + ".partial"
+    remote = storage.is_url(final)
+    tmp = os.path.join(staging or "", "peft") if remote else final + ".partial"
 
     def write() -> None:
         if ranks.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             adapters.write_peft(tmp, merged)
-            if os.path.isdir(final):
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            storage.publish(tmp, final, last=adapters.config_file)
 
     _agree(_attempt(write))
     logger.info(f"Exported the LoRA adapters ({len(merged) // 2} modules) as a peft folder {final}")
@@ -260,7 +288,7 @@ def _write_index(
         if ranks.rank == 0:
             with open(os.path.join(tmp, INDEX), "w") as f:
                 json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
-            with open(os.path.join(tmp, "config.json"), "w") as f:
+            with open(os.path.join(tmp, CONFIG), "w") as f:
                 json.dump(config, f, indent=2)
 
     _agree(_attempt(write_index))

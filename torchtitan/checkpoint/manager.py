@@ -32,7 +32,6 @@ purge), ``states``, ``safe_read`` (safe unpickling, ``read_model_weights``), ``c
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -43,7 +42,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from torchtitan.checkpoint import mismatch
+from torchtitan.checkpoint import mismatch, storage
 from torchtitan.checkpoint.collectives import (
     _agree,
     _barrier,
@@ -72,20 +71,20 @@ from torchtitan.checkpoint.hf_exchange import (
     load_hf,
 )
 from torchtitan.checkpoint.safe_read import (
-    SafeFileSystemReader,
     SafeLoadPlanner,
     _check_block_count,
     _checkpoint_keys,
     _read_metadata,
+    reader_for,
 )
 from torchtitan.checkpoint.save_failure import (
     STOP,
     SaveFailure,
-    Writer,
     continue_line,
     describe,
     found_line,
     stop_line,
+    writer_for,
 )
 from torchtitan.checkpoint.states import (
     _EXPORT_DTYPES,
@@ -98,6 +97,7 @@ from torchtitan.checkpoint.unfused import apply_merges, plan_unfused_load
 from torchtitan.config.schema import Checkpoint as CheckpointConfig
 from torchtitan.errors import CheckpointSaveFailed
 from torchtitan.observability.log import logger
+from torchtitan.remote import StorageError, access_problem, check_reachable
 
 __all__ = ["CheckpointError", "CheckpointManager"]
 
@@ -142,7 +142,13 @@ class CheckpointManager:
         self.run_facts = run_facts or {}  # recorded in each marker; a resume must match them
         self.last_hf_export: str | None = None  # the folder of this run's last HF export
         self.enabled = self.cfg.enable
+        # a URL (object storage) is used as given; a local folder lives in the dump folder
+        self.dump_folder = dump_folder
         self.folder = os.path.join(dump_folder, self.cfg.folder)
+        if storage.is_url(self.cfg.folder):
+            self.folder = self.cfg.folder
+            if self.enabled:
+                check_reachable(self.folder, "checkpoint.folder")
         self.total_steps = total_steps
         self.rank, self.world_size = rank, world_size
         self.train_state = train_state
@@ -239,10 +245,14 @@ class CheckpointManager:
         self._collect()  # one save in flight at a time
         path = step_path(self.folder, step)
         t0 = time.perf_counter()
-        if self.rank == 0 and os.path.isdir(path):
+        if self.rank == 0:
             # a save of this step that did not finish (or an older run's); one that cannot be
-            # removed makes DCP fail below, on every rank
-            shutil.rmtree(path, ignore_errors=True)
+            # removed (or storage that does not answer) makes DCP fail below, on every rank
+            try:
+                if storage.exists(path):
+                    storage.remove(path, first=MARKER)
+            except Exception as e:
+                logger.warning(f"cannot clear {path} before saving: {_first_line(e)}")
         self._settle()  # (the barrier after the removal) how the previous save went, agreed
         self._started = (step, model_only)
         state = self._state(model_only, cast=export)
@@ -263,13 +273,13 @@ class CheckpointManager:
     def _write(self, state: dict, path: str, step: int, model_only: bool) -> SaveFailure | None:
         """A synchronous save: DCP's write (its errors reach every rank), then the marker."""
         try:
-            dcp.save(state, storage_writer=Writer(path))
+            dcp.save(state, storage_writer=writer_for(path))
         except (Exception, CheckpointException) as e:  # DCP gathers every rank's write error
             return self._failed(path, step, e)
         return self._finish(path, step, model_only)
 
     def _start_async(self, state: dict, path: str, step: int, model_only: bool) -> _PendingSave:
-        writer = Writer(path)
+        writer = writer_for(path)
         if self.async_mode == "async":
             # staged (copied to CPU) before async_save returns; written by a thread
             future = dcp.async_save(state, storage_writer=writer, process_group=self._pg)
@@ -350,9 +360,12 @@ class CheckpointManager:
             return None
         try:
             write_marker(path, step, model_only, self.world_size, run=self.run_facts)
-        except OSError as e:  # only rank 0 knows: _settle tells the others
+        except Exception as e:  # only rank 0 knows: _settle tells the others
             return self._failed(path, step, e)
-        self._purge(keep=path)
+        try:
+            self._purge(keep=path)
+        except Exception as e:  # retention is housekeeping: the save itself is whole
+            logger.warning(f"Retention after the save of {path} failed: {_first_line(e)}")
         return None
 
     def _failed(self, path: str, step: int, e: BaseException) -> SaveFailure:
@@ -360,7 +373,7 @@ class CheckpointManager:
         writing has ended, DCP reports an error only after gathering them all) to free the
         space, as far as it can."""
         if self.rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
+            storage.remove(path, first=MARKER)
         return SaveFailure(path, step, describe(e, self.world_size))
 
     def _settle(self) -> SaveFailure | None:
@@ -406,7 +419,7 @@ class CheckpointManager:
         if k <= 0:
             return
         for old in to_purge(scan(self.folder), k, keep):
-            shutil.rmtree(old.path, ignore_errors=True)
+            storage.remove(old.path, first=MARKER)
             kind = "model-only" if old.model_only else "resumable"
             logger.info(f"Removed checkpoint {old.path} (keeping the newest {k} {kind} ones)")
 
@@ -422,12 +435,12 @@ class CheckpointManager:
         if not self.enabled:
             self._warn_if_checkpoints_left()
             return False
-        found = scan(self.folder)
+        found = self._scan_on_rank_0()
         if self.rank == 0:
             for c in found:
                 if not c.complete:
                     logger.warning(f"Removing incomplete checkpoint {c.path} (no {MARKER} marker)")
-                    shutil.rmtree(c.path, ignore_errors=True)
+                    storage.remove(c.path)
         _barrier()
         complete = [c for c in found if c.complete]
         if self.trainable_only and not self._initial_load():
@@ -447,10 +460,29 @@ class CheckpointManager:
             return True
         return self.trainable_only or self._initial_load()
 
+    def _scan_on_rank_0(self) -> list[Found]:
+        """The folder as rank 0 finds it, the same on every rank (ranks that listed it each on
+        their own could see different folders, a save landing or a request failing between
+        them); a StorageError is raised on every rank alike."""
+        found: list[Found] | None = None
+        error: str | None = None
+        if self.rank == 0:
+            try:
+                found = scan(self.folder)
+            except StorageError as e:
+                error = str(e)
+        found, error = _first_of_all((found, error)) or (found, error)
+        if error is not None:
+            raise StorageError(error)
+        return found or []
+
     def _warn_if_checkpoints_left(self) -> None:
         """Checkpointing is off, but the folder holds a run's checkpoints: starting over from
         step 1 is then rarely what was meant, so say so once."""
-        resumable, _ = resume_candidates([c for c in scan(self.folder) if c.complete])
+        try:
+            resumable, _ = resume_candidates([c for c in scan(self.folder) if c.complete])
+        except Exception:  # object storage out of reach: nothing to say, none is used
+            return
         if resumable:
             logger.warning(
                 f"{self.folder} holds checkpoints (the newest: {resumable[-1].path}) but "
@@ -474,7 +506,9 @@ class CheckpointManager:
             return True
         if self.cfg.initial_load_path:
             path = self.cfg.initial_load_path
-            if not os.path.isfile(os.path.join(path, ".metadata")):
+            if storage.is_url(path):
+                check_reachable(path, "checkpoint.initial_load_path")
+            if not storage.exists(storage.join(path, ".metadata")):
                 raise CheckpointError(
                     f"checkpoint.initial_load_path: '{path}' is not a DCP checkpoint folder (no "
                     "'.metadata' in it); give a step-N folder written by this library"
@@ -503,17 +537,24 @@ class CheckpointManager:
         another history (a ``load_step`` resume, a fall-back past a damaged one, a fresh start over
         old model-only saves). They are renamed, never deleted, so that the next auto-resume and
         retention only ever see this run's own history."""
+        error = None
         if self.rank == 0:
-            for c, suffix in set_aside(complete, start, failed):
-                dest = f"{c.path}.{suffix}"
-                if os.path.exists(dest):
-                    dest = f"{dest}-{time.strftime('%Y%m%d-%H%M%S')}"
-                os.replace(c.path, dest)
-                logger.warning(
-                    f"Moved {c.path} to {dest}: this run continues from step {start}, so later "
-                    "checkpoints in the folder are no longer part of its history"
-                )
-        _barrier()
+            try:
+                for c, suffix in set_aside(complete, start, failed):
+                    self._move_aside(c, suffix, start)
+            except Exception as e:  # the others wait below: every rank stops alike
+                error = f"cannot set a later checkpoint aside ({type(e).__name__}: {e})"
+        _agree(error)
+
+    def _move_aside(self, c: Found, suffix: str, start: int) -> None:
+        dest = f"{c.path}.{suffix}"
+        if storage.exists(dest):
+            dest = f"{dest}-{time.strftime('%Y%m%d-%H%M%S')}"
+        storage.move(c.path, dest, last=MARKER)
+        logger.warning(
+            f"Moved {c.path} to {dest}: this run continues from step {start}, so later "
+            "checkpoints in the folder are no longer part of its history"
+        )
 
     def _load(
         self, path: str, model_only: bool, step: int | None, model: ModelState | None = None
@@ -524,7 +565,7 @@ class CheckpointManager:
         keys = ("model",) if model_only else STATE_KEYS
         keys = tuple(k for k in keys if k not in self.cfg.exclude_from_loading)
         state = {k: objects[k].state_dict() for k in keys}
-        error, merges, adapter = None, [], self._adapter()
+        error, unreachable, merges, adapter = None, None, [], self._adapter()
         try:
             available = _checkpoint_keys(path)
             rng_prefix = f"rng.{self.objects['rng'].key}."
@@ -534,16 +575,22 @@ class CheckpointManager:
             merges = plan_unfused_load(state, available, adapter)
         except CheckpointError as e:  # no readable metadata: a damaged checkpoint
             error = str(e)
+        except StorageError as e:  # out of reach: fatal on every rank, nothing to fall back to
+            unreachable = str(e)
+        if (unreachable := _first_of_all(unreachable)) is not None:
+            raise StorageError(unreachable)
         _agree(error)  # every rank loads, or every rank raises the same error
         self._stop_if_mismatched(path, state, model_only, step)
         t0 = time.perf_counter()
         try:
             dcp.load(
                 state,
-                storage_reader=SafeFileSystemReader(path),
+                storage_reader=reader_for(path),
                 planner=SafeLoadPlanner(),
             )
         except (Exception, CheckpointException) as e:  # DCP gathers every rank's read error
+            if storage.is_url(path) and (problem := access_problem(e)) is not None:
+                raise StorageError(f"checkpoint {path} cannot be read: {problem}") from None
             raise CheckpointError(
                 f"checkpoint {path} cannot be loaded ({type(e).__name__}: {_first_line(e)})"
             ) from e
@@ -579,7 +626,11 @@ class CheckpointManager:
         if model_only:  # weights alone: the data, batch and optimizer do not matter
             saved = {k: v for k, v in saved.items() if k.startswith("model.") or k in _MODEL}
         flat, _ = flatten_state_dict(state)
-        metadata = _read_metadata(path).state_dict_metadata
+        try:
+            metadata = _read_metadata(path).state_dict_metadata
+        except (CheckpointError, StorageError) as e:  # this rank alone may fail: agree first
+            kind = "storage" if isinstance(e, StorageError) else "damaged"
+            _raise_agreed(_first_of_all((kind, str(e))))
         found = None
         if step is not None and self.model_args is not None:
             try:  # this job's own history: no blocks may be dropped quietly (said first: the
@@ -588,10 +639,7 @@ class CheckpointManager:
             except CheckpointError as e:
                 found = ("mismatch", str(e))
         found = found or mismatch.check(path, saved, self.run_facts, flat, metadata)
-        agreed = _first_of_all(found)
-        if agreed is not None:
-            kind, text = agreed
-            raise (mismatch.CheckpointMismatch if kind == "mismatch" else CheckpointError)(text)
+        _raise_agreed(_first_of_all(found))
 
     def _adapter(self) -> Any:
         """The family's state-dict adapter for this model (None where it has none): it knows
@@ -606,7 +654,7 @@ class CheckpointManager:
         """``step-{step}-hf``: config.json, safetensors and tokenizer files that ``transformers``
         loads (see ``hf_exchange.export_hf``)."""
         return export_hf(
-            os.path.join(self.folder, f"step-{step}-hf"),
+            storage.join(self.folder, f"step-{step}-hf"),
             model_parts=self.model_parts,
             hf_adapter=self.hf.adapter,
             model_args=self.model_args,
@@ -615,4 +663,14 @@ class CheckpointManager:
             export_tokenizer=self.hf.export_tokenizer,
             ranks=self.export_ranks,
             adapters=self.hf.adapters,
+            # an export into object storage is written here first, then uploaded
+            staging=os.path.join(self.dump_folder, "export-staging", f"step-{step}"),
         )
+
+
+def _raise_agreed(agreed: tuple[str, str] | None) -> None:
+    """Raise what the ranks agreed on: a mismatch, storage out of reach, or damage."""
+    if agreed is not None:
+        kind, text = agreed
+        errors = {"mismatch": mismatch.CheckpointMismatch, "storage": StorageError}
+        raise errors.get(kind, CheckpointError)(text)

@@ -9,17 +9,18 @@ builds DCP's metadata classes and plain values.
 from __future__ import annotations
 
 import io
-import os
 import pickle
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from torchtitan.checkpoint.collectives import _first_line
 from torchtitan.checkpoint.errors import CheckpointError
+from torchtitan.remote import StorageError, access_problem, is_url
 
 _METADATA_GLOBALS = {
     ("torch", "Size"),
@@ -71,9 +72,12 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
 
 
-class SafeFileSystemReader(dcp.FileSystemReader):
+class _SafeMetadata:
+    """DCP's reader, with its metadata read by the restricted unpickler (mixed into the local
+    and the fsspec reader)."""
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        with open(os.path.join(self.path, ".metadata"), "rb") as f:
+        with self.fs.create_stream(self._get_metadata_path(), "rb") as f:
             metadata = _MetadataUnpickler(f).load()
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
@@ -81,6 +85,19 @@ class SafeFileSystemReader(dcp.FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+
+class SafeFileSystemReader(_SafeMetadata, dcp.FileSystemReader):
+    pass
+
+
+class SafeFsspecReader(_SafeMetadata, FsspecReader):
+    pass
+
+
+def reader_for(path: str) -> dcp.FileSystemReader:
+    """The safe reader of the checkpoint in ``path``: a local folder or a URL."""
+    return SafeFsspecReader(path) if is_url(path) else SafeFileSystemReader(path)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -96,8 +113,11 @@ def _read_metadata(path: str) -> Any:
     """DCP's metadata of the checkpoint in ``path``, read safely; CheckpointError if it is
     missing or unreadable."""
     try:
-        return SafeFileSystemReader(path).read_metadata()
+        return reader_for(path).read_metadata()
     except Exception as e:
+        problem = access_problem(e) if is_url(path) else None
+        if problem is not None:  # not damage: an older checkpoint would not be reached either
+            raise StorageError(f"checkpoint {path} cannot be read: {problem}") from None
         raise CheckpointError(
             f"checkpoint {path} has no readable DCP metadata ({type(e).__name__}: {_first_line(e)})"
         ) from e
@@ -126,7 +146,7 @@ def read_model_weights(path: str, progress: Any = None) -> dict[str, torch.Tenso
         part = {n: torch.empty(shapes[n].size, dtype=shapes[n].properties.dtype) for n in names}
         dcp.load(
             {"model": part},
-            storage_reader=SafeFileSystemReader(path),
+            storage_reader=reader_for(path),
             planner=SafeLoadPlanner(),
             no_dist=True,
         )

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchtitan.checkpoint.collectives import _first_line
+from torchtitan.remote import is_url
 
 STOP, CONTINUE = "stop", "continue"
 
@@ -32,7 +34,7 @@ class SaveFailure:
     logged: bool = False
 
 
-class Writer(FileSystemWriter):
+class _DiskErrors:
     """DCP's file writer, whose errors say what the disk said. torch's serializer reports a
     failed write (ENOSPC, EIO) as ``RuntimeError: [enforce fail at inline_container.cc] ...
     unexpected pos``, the OSError only as its context, which DCP's gathering of the ranks' errors
@@ -46,6 +48,23 @@ class Writer(FileSystemWriter):
             if os_error is None or os_error is e:
                 raise
             raise OSError(os_error.errno, os_error.strerror, os_error.filename) from e
+
+
+class Writer(_DiskErrors, FileSystemWriter):
+    pass
+
+
+class UrlWriter(_DiskErrors, FsspecWriter):
+    """The writer into object storage (a URL). No fsync: a file there has none, and torch's
+    fall-back for it is a machine-wide ``os.sync()`` per file; an object is whole once written."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, sync_files=False)
+
+
+def writer_for(path: str) -> FileSystemWriter:
+    """DCP's writer for the checkpoint folder ``path``: a local folder or a URL."""
+    return UrlWriter(path) if is_url(path) else Writer(path)
 
 
 def _os_error(e: BaseException) -> OSError | None:

@@ -115,6 +115,11 @@ def _check_checkpoint(cfg: JobConfig) -> None:
             "checkpoint.initial_load_in_hf: needs checkpoint.initial_load_path or "
             "model.hf_assets_path (a Hugging Face model folder with config.json and *.safetensors)"
         )
+    if ck.initial_load_in_hf and "://" in (ck.initial_load_path or ""):
+        problems.add(
+            f"checkpoint.initial_load_path: '{ck.initial_load_path}' is a URL, and a Hugging Face "
+            "folder is read from a local disk; download it first (a DCP checkpoint may be a URL)"
+        )
     if ck.initial_load_in_hf and not ck.initial_load_model_only:
         problems.add(
             "checkpoint.initial_load_model_only: must be true with initial_load_in_hf (Hugging "

@@ -233,7 +233,7 @@ class Training:
     )
     dataset_path: str | None = opt(
         None,
-        "Local file or folder (json, jsonl, parquet, txt, save_to_disk), a pretokenized .bin/.idx corpus (prefix, file or folder), or a Hub id; overrides the named dataset's source",
+        "Local file or folder (json, jsonl, parquet, txt, save_to_disk), a pretokenized .bin/.idx corpus (prefix, file or folder), a URL of either (s3://..., copied to the local cache), or a Hub id; overrides the named dataset's source",
     )
     dataset_text_field: str | None = opt(
         None,
@@ -397,7 +397,11 @@ class Moe:
 @dataclass
 class Checkpoint:
     enable: bool = opt(False, "Save checkpoints and resume from the newest complete one")
-    folder: str = opt("checkpoint", "Checkpoint folder under job.dump_folder")
+    folder: str = opt(
+        "checkpoint",
+        "Checkpoint folder under job.dump_folder, or an object-storage URL (s3://bucket/prefix, "
+        "any installed fsspec protocol; credentials from the environment, docs/checkpoint.md)",
+    )
     interval: int = opt(500, "Save every N steps (or seconds, see interval_type)", ge=1)
     interval_type: str = opt(
         "steps",
@@ -421,7 +425,9 @@ class Checkpoint:
     exclude_from_loading: list[str] = opt(
         [], "State keys not to load on resume (e.g. dataloader,optimizer)"
     )
-    initial_load_path: str | None = opt(None, "Checkpoint to start from when the folder has none")
+    initial_load_path: str | None = opt(
+        None, "Checkpoint to start from when the folder has none (a folder or a URL)"
+    )
     initial_load_model_only: bool = opt(True, "Load only model weights from initial_load_path")
     initial_load_in_hf: bool = opt(False, "initial_load_path is a Hugging Face safetensors folder")
     last_save_in_hf: bool = opt(False, "Export the final weights in Hugging Face format")
@@ -493,7 +499,7 @@ class Profiling:
 class Validation:
     enable: bool = opt(False, "Evaluate held-out loss and perplexity every freq steps")
     dataset: str = opt("c4_validation", "Named validation dataset (as training.dataset)")
-    dataset_path: str | None = opt(None, "Local validation data or Hub id")
+    dataset_path: str | None = opt(None, "Local validation data, a URL of it, or a Hub id")
     datasets: list | None = opt(
         None, "A weighted mixture of validation sources, as training.datasets"
     )

@@ -20,6 +20,7 @@ Weights are relative shares of the windows (so of the tokens) of every step's gl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -29,7 +30,9 @@ from typing import Any
 import numpy as np
 
 from torchtitan.data.indexed import IndexedCorpus, indexed_prefixes, open_corpus
+from torchtitan.data.pydoc_corpus import default_cache_dir
 from torchtitan.data.reader import ShardReader, Tokenizer
+from torchtitan.data.remote_files import is_url, local_copy
 from torchtitan.data.sources import (
     DATASETS,
     Source,
@@ -54,6 +57,7 @@ class SourceSpec:
     weight: float = 1.0
     text_field: str | None = None
     streaming: bool | None = None
+    path_key: str | None = None  # the key that set ``path`` (for errors)
 
 
 def parse_entries(raw: Any, section: str = "training") -> list[dict[str, Any]]:
@@ -127,6 +131,7 @@ def _spec(entry: dict[str, Any], i: int, section: str) -> SourceSpec:
         weight=float(weight),
         text_field=entry.get("text_field"),
         streaming=entry.get("streaming"),
+        path_key=f"{key}.path",
     )
 
 
@@ -148,7 +153,12 @@ def open_source(
     windows: dict[str, Any],
 ) -> Source | TokenWindows:
     """A source ready to read: a pretokenized corpus or a small text corpus as token windows
-    (``windows`` are :class:`TokenWindows`' settings), any other dataset as text."""
+    (``windows`` are :class:`TokenWindows`' settings), any other dataset as text. A path that
+    is a URL is read from its copy in the local cache (``remote_files``)."""
+    if spec.path is not None and is_url(spec.path):
+        key = spec.path_key or f"{section}.dataset_path"
+        local = local_copy(spec.path, key, default_cache_dir())
+        spec = dataclasses.replace(spec, path=local)
     if spec.path is not None and indexed_prefixes(spec.path) is not None:
         fingerprint = getattr(tokenizer, "fingerprint", None)
         corpus = open_corpus(

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchtitan.data import pydoc_corpus
 from torchtitan.data.indexed import indexed_prefixes
+from torchtitan.data.remote_files import check_remote_data, is_url
 from torchtitan.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # ``datasets`` takes ~0.5 s to import: only where data is read (not preflight)
@@ -420,6 +421,9 @@ def check_dataset_config(
             f"{', '.join(sorted(DATASETS))} (or set {path_key} to {_SUPPORTED})"
         )
     if dataset_path is not None:
+        if is_url(dataset_path):  # copied to the local cache when loaded (remote_files)
+            check_remote_data(dataset_path, path_key)
+            return
         if indexed_prefixes(dataset_path) is not None:
             return
         if not Path(dataset_path).expanduser().exists() and not _looks_like_hub_id(dataset_path):

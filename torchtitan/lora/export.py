@@ -42,6 +42,7 @@ class LoRAExport:
     dropout: float
     merge: bool = True
     base_model: str | None = None
+    config_file = PEFT_CONFIG  # written last: an adapter folder with it is whole
 
     @property
     def scale(self) -> float:

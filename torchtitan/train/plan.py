@@ -28,6 +28,7 @@ from torchtitan.distributed.pipeline import PipelinePlan, check_pipeline_config
 from torchtitan.errors import ConfigError, ConfigErrors, Problems
 from torchtitan.models.spec import ModelSpec, get_model_args, get_model_spec
 from torchtitan.quantization.float8 import check_converters
+from torchtitan.remote import check_reachable, is_url
 
 
 @dataclass
@@ -53,6 +54,8 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
         _check_device_features(job_config, device_type)
     with problems.collect():
         _check_dump_folder(job_config.job.dump_folder)
+    with problems.collect():
+        _check_object_storage(job_config.checkpoint)
     with problems.collect():
         check_data_config(job_config.training)
     with problems.collect():
@@ -185,6 +188,15 @@ def _check_dump_folder(folder: str) -> None:
             f"job.dump_folder: '{folder}' cannot be created or written ({e.strerror or e}); give "
             "a folder this user can write"
         ) from None
+
+
+def _check_object_storage(ckpt: Any) -> None:
+    """A checkpoint folder (or initial load) in object storage answers, with its bucket, before
+    anything is built: the one line names the key and what to set (see torchtitan.remote)."""
+    if ckpt.enable and is_url(ckpt.folder):
+        check_reachable(ckpt.folder, "checkpoint.folder")
+    if ckpt.enable and is_url(ckpt.initial_load_path or ""):
+        check_reachable(ckpt.initial_load_path, "checkpoint.initial_load_path")
 
 
 def import_custom_module(name: str | None) -> None:
