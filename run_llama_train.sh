@@ -24,6 +24,9 @@
 #   OMP_NUM_THREADS  intra-op threads per process (default on a machine without GPUs: its cores
 #                divided by NGPU, at least 1; with GPUs torchrun's 1)
 #   DRY_RUN=1    print the resolved launch and torchrun command, and exit
+#   FT_LIGHTHOUSE  replica groups (--fault_tolerance.enable): "start" runs torchft's lighthouse
+#                here for as long as this script runs (port FT_LIGHTHOUSE_PORT, default 29510;
+#                FT_MIN_REPLICAS groups per quorum, default 1), or the URL of a running one
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -119,6 +122,31 @@ if [ "${DRY_RUN:-0}" != 0 ]; then
   exit 0
 fi
 
+# ---- torchft's lighthouse for replica groups (fault_tolerance, docs/reliability.md):
+#      FT_LIGHTHOUSE=start runs one here for as long as this script runs; FT_LIGHTHOUSE=URL
+#      points this group at a running one (as TORCHFT_LIGHTHOUSE does)
+lighthouse_pid=""
+if [ "${FT_LIGHTHOUSE:-}" = start ] && [ "$node_rank" -gt 0 ]; then
+  # a group of several nodes: the lighthouse runs on its first node
+  export TORCHFT_LIGHTHOUSE="http://$addr:${FT_LIGHTHOUSE_PORT:-29510}"
+elif [ "${FT_LIGHTHOUSE:-}" = start ]; then
+  lighthouse="$(dirname "$(command -v "$PYTHON")")/torchft_lighthouse"
+  [ -x "$lighthouse" ] || lighthouse=torchft_lighthouse
+  command -v "$lighthouse" >/dev/null 2>&1 ||
+    fail "FT_LIGHTHOUSE=start: torchft_lighthouse not found beside $PYTHON or on PATH (pip install torchft)"
+  lh_port=${FT_LIGHTHOUSE_PORT:-29510}
+  is_count "$lh_port" || fail "FT_LIGHTHOUSE_PORT=$lh_port: must be a TCP port number"
+  "$lighthouse" --min_replicas "${FT_MIN_REPLICAS:-1}" --bind "[::]:$lh_port" \
+    >"$(dirname "$(mktemp -u)")/torchft-lighthouse-$lh_port.log" 2>&1 &
+  lighthouse_pid=$!
+  trap 'kill "$lighthouse_pid" 2>/dev/null' EXIT
+  TORCHFT_LIGHTHOUSE="http://$(hostname):$lh_port"
+  export TORCHFT_LIGHTHOUSE
+  echo "launch: torchft lighthouse at $TORCHFT_LIGHTHOUSE (pid $lighthouse_pid, min_replicas ${FT_MIN_REPLICAS:-1})"
+elif [ -n "${FT_LIGHTHOUSE:-}" ]; then
+  export TORCHFT_LIGHTHOUSE=$FT_LIGHTHOUSE
+fi
+
 # Check the configuration once, before any worker starts: one clear line and exit code 2 if bad.
 "$PYTHON" -m torchtitan.preflight --world-size "$world_size" --job.config_file "$CONFIG_FILE" "$@" || exit $?
 export TORCHTITAN_CONFIG_CHECKED=1  # its warnings (old key names) are not repeated by the workers
@@ -128,7 +156,7 @@ show_launch
 # torchrun's own failure report (a Python traceback) is then replaced by that line and exit code.
 TORCHTITAN_ERROR_FILE="$(mktemp "${TMPDIR:-/tmp}/torchtitan-error.XXXXXX")"
 export TORCHTITAN_ERROR_FILE
-trap 'rm -f "$TORCHTITAN_ERROR_FILE"' EXIT
+trap 'rm -f "$TORCHTITAN_ERROR_FILE"; [ -z "$lighthouse_pid" ] || kill "$lighthouse_pid" 2>/dev/null' EXIT
 # torchrun's own notes of a shutdown (a signal it passed on, a worker that exited non-zero): the
 # launcher says what happened in one line at the end.
 torchrun_note='^[EWI][0-9]{4} [0-9:.]+ [0-9]+ [^ ]+\] (Received [0-9]+ death signal|Sending process [0-9]+ closing signal|Unable to shutdown process|failed \(exitcode: )'

@@ -77,6 +77,16 @@ def train(job_config: JobConfig) -> None:
         checkpointer.save_seed()
         return
     checkpointer.load()
+    # ---- replica groups (fault_tolerance): gradients averaged with the other groups; a group
+    #      that (re)starts while they train takes their state at its first step
+    replicas = builders.build_replica_groups(
+        job_config,
+        rt,
+        model,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        train_state=train_state,
+    )
 
     # ---- metrics: console lines with the share done and the ETA, TensorBoard (a resumed run
     #      continues its run folder, one curve across resumes)
@@ -97,6 +107,7 @@ def train(job_config: JobConfig) -> None:
         evaluator=evaluator,
         train_state=train_state,
         preemption=preemption,
+        replicas=replicas,
     )
     try:
         loop.run(iter(dataloader), startup)
@@ -104,6 +115,8 @@ def train(job_config: JobConfig) -> None:
         loop.print_summary()
         raise
     checkpointer.close()  # the last background save, if any, is written and marked complete
+    if replicas is not None:
+        replicas.shutdown()
     metrics.close()
     logger.info("Training finished")
     loop.print_summary()

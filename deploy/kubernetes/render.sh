@@ -30,6 +30,9 @@
 #   MASTER_PORT    [23456] the rendezvous port on the Master pod
 #   SHM_SIZE       [64Gi] the most memory /dev/shm (a memory-backed emptyDir) may hold
 #   PULL_POLICY    [IfNotPresent] imagePullPolicy: Always, IfNotPresent or Never
+#   FT_LIGHTHOUSE  [unset] replica groups (docs/reliability.md): the URL of torchft's lighthouse
+#                  (http://HOST:29510), set in the pods; render one job per group, each with its
+#                  own JOB_NAME and --fault_tolerance.replica_id=N among the overrides
 # PersistentVolumeClaim variables: PVC_NAME, PVC_SIZE [1Ti], PVC_ACCESS_MODE [ReadWriteMany],
 #   STORAGE_CLASS [empty: the cluster's default storage class]
 #
@@ -63,7 +66,7 @@ render() {
     vars+="\${$name} "
   done
   export "${@?}"
-  sed -E "${sed_drop[@]}" -e '/^#/d' -e 's/ +# (efa|workers|storageclass)$//' "$template" |
+  sed -E "${sed_drop[@]}" -e '/^#/d' -e 's/ +# (efa|workers|storageclass|ft)$//' "$template" |
     envsubst "$vars"
 }
 
@@ -116,6 +119,7 @@ BACKOFF_LIMIT=${BACKOFF_LIMIT:-3}
 MASTER_PORT=${MASTER_PORT:-23456}
 SHM_SIZE=${SHM_SIZE:-64Gi}
 PULL_POLICY=${PULL_POLICY:-IfNotPresent}
+FT_LIGHTHOUSE=${FT_LIGHTHOUSE:-}
 
 check IMAGE '^[A-Za-z0-9][A-Za-z0-9._/:@-]*$' "must be an image reference such as registry.example.com/torchtitan:1"
 check JOB_NAME '^[a-z]([-a-z0-9]{0,48}[a-z0-9])?$' \
@@ -135,6 +139,8 @@ check MASTER_PORT '^[1-9][0-9]{0,4}$' "must be a TCP port number (1..65535)"
 [ "$MASTER_PORT" -le 65535 ] || fail "MASTER_PORT=$MASTER_PORT: must be a TCP port number (1..65535)"
 check SHM_SIZE "$quantity" "must be a size such as 16Gi"
 check PULL_POLICY '^(Always|IfNotPresent|Never)$' "must be Always, IfNotPresent or Never"
+[ -z "$FT_LIGHTHOUSE" ] || check FT_LIGHTHOUSE '^https?://[A-Za-z0-9.-]+:[0-9]{1,5}$' \
+  "must be the lighthouse's URL, such as http://torchft-lighthouse:29510"
 
 TRAIN_ARGS=""
 for arg in --job.dump_folder "$DUMP_FOLDER" "$@"; do
@@ -146,8 +152,9 @@ WORKERS=$((NNODES - 1))
 SHUTDOWN_TIMEOUT=$((GRACE_SECONDS - 30))  # torchrun's wait for the workers to save and stop
 [ "$EFA" = 1 ] || sed_drop+=(-e '/# efa$/d')
 [ "$WORKERS" -gt 0 ] || sed_drop+=(-e '/# workers$/d')
+[ -n "$FT_LIGHTHOUSE" ] || sed_drop+=(-e '/# ft$/d')
 
 echo "# torchtitan PyTorchJob from deploy/kubernetes/render.sh: NNODES=$NNODES GPUS_PER_NODE=$GPUS_PER_NODE EFA=$EFA"
 render "$here/pytorchjob.yaml" JOB_NAME IMAGE PULL_POLICY TRAIN_ARGS GPUS_PER_NODE CONFIG_FILE \
   MAX_RESTARTS BACKOFF_LIMIT MASTER_PORT EFA_DEVICES MOUNT_PATH SHM_SIZE PVC_NAME WORKERS \
-  GRACE_SECONDS SHUTDOWN_TIMEOUT
+  GRACE_SECONDS SHUTDOWN_TIMEOUT FT_LIGHTHOUSE

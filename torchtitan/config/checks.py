@@ -220,11 +220,40 @@ def _check_files(cfg: JobConfig) -> None:
     problems.raise_if_any()
 
 
+def _check_fault_tolerance(cfg: JobConfig) -> None:
+    ft, problems = cfg.fault_tolerance, Problems()
+    if not ft.enable:
+        return
+    if ft.group_size < 1:
+        problems.add(
+            "fault_tolerance.group_size: how many replica groups train together must be set "
+            "(>= 1) with fault_tolerance.enable"
+        )
+    elif ft.replica_id >= ft.group_size:
+        problems.add(
+            f"fault_tolerance.replica_id: {ft.replica_id} is not a group of group_size "
+            f"{ft.group_size}; valid: 0 .. {ft.group_size - 1}"
+        )
+    if ft.group_size >= 1 and ft.min_replica_size > ft.group_size:
+        problems.add(
+            f"fault_tolerance.min_replica_size: {ft.min_replica_size} groups can never meet in "
+            f"a job of group_size {ft.group_size}; give 1 .. {ft.group_size}"
+        )
+    if cfg.parallelism.data_parallel_replicate_degree not in (1, -1):
+        problems.add(
+            "parallelism.data_parallel_replicate_degree: the replica groups are the replicate "
+            "dimension with fault_tolerance.enable; use 1 (and data_parallel_shard_degree "
+            "inside each group)"
+        )
+    problems.raise_if_any()
+
+
 _CHECKS = (
     _check_wandb,
     _check_profiling,
     _check_checkpoint,
     _check_lora,
+    _check_fault_tolerance,
     _check_batch,
     _check_debug,
 )

@@ -363,26 +363,25 @@ ALIASES: dict[str, Alias] = {
     "checkpoint.initial_load_in_hf_quantized": _refuse(
         bool, (False,), "quantized Hugging Face weights are not read here; use false"
     ),
-    "checkpoint.enable_ft_dataloader_checkpoints": _ignored(bool, "torchft is not used here"),
-    # [fault_tolerance] (torchft): off
-    "fault_tolerance.enable": _refuse(
-        bool, (False,), "torchft fault tolerance is not built here; use false"
+    "checkpoint.enable_ft_dataloader_checkpoints": _ignored(
+        bool, "each replica group saves its whole state (loader included) in replica-N/"
+    ),
+    # [fault_tolerance] (torchft): replica groups are built (the section's own keys); the
+    # semi-synchronous methods are not yet
+    "fault_tolerance.semi_sync_method": _refuse(
+        str, ("", "none"), "DiLoCo and local SGD are not built here yet; leave it unset"
     ),
     **{
-        f"fault_tolerance.{k}": _ignored(tp, "used only with fault_tolerance.enable")
+        f"fault_tolerance.{k}": _ignored(tp, "used only with fault_tolerance.semi_sync_method")
         for k, tp in (
-            ("replica_id", int),
-            ("group_size", int),
-            ("min_replica_size", int),
-            ("semi_sync_method", str),
             ("sync_steps", int),
-            ("should_quantize", bool),
             ("fragment_sync_delay", int),
             ("fragment_update_alpha", float),
-            ("process_group", str),
-            ("process_group_timeout_ms", int),
         )
     },
+    "fault_tolerance.should_quantize": _refuse(
+        bool, (False,), "quantized collectives between groups are not built here; use false"
+    ),
     # MX and grouped-matmul quantization: settings of converters not built here
     **{
         key: _ignored(tp, "used only by the mx or grouped-matmul converters, not built here")

@@ -568,6 +568,33 @@ class Lora:
 
 
 @dataclass
+class FaultTolerance:
+    enable: bool = opt(
+        False,
+        "Run this job as one replica group of fault_tolerance.group_size with torchft: groups "
+        "average their gradients every step, a group that fails is restarted and heals from a "
+        "live one while the others keep training (docs/reliability.md); needs the lighthouse "
+        "address in TORCHFT_LIGHTHOUSE",
+    )
+    replica_id: int = opt(0, "This group's index, 0 .. group_size - 1", ge=0)
+    group_size: int = opt(
+        0, "How many replica groups train together; the global batch is split among them", ge=0
+    )
+    min_replica_size: int = opt(1, "Fewest live groups a step needs to be committed", ge=1)
+    process_group: str = opt(
+        "gloo",
+        "The collectives between groups: gloo (CPU tensors; GPU ones are copied) or nccl",
+        choices=("gloo", "nccl"),
+    )
+    process_group_timeout_ms: int = opt(
+        10000,
+        "How long a collective between groups waits for a group (a dead group's step is "
+        "retried without it after this)",
+        ge=1,
+    )
+
+
+@dataclass
 class Debug:
     seed: int | None = opt(
         None,
@@ -653,6 +680,7 @@ class JobConfig:
     validation: Validation = field(default_factory=Validation)
     eval: Eval = field(default_factory=Eval)
     lora: Lora = field(default_factory=Lora)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
     debug: Debug = field(default_factory=Debug)
     comm: Comm = field(default_factory=Comm)
     resilience: Resilience = field(default_factory=Resilience)

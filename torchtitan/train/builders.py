@@ -8,6 +8,7 @@ take the :class:`Runtime` it returns. Everything family-specific comes from the 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import torch.nn as nn
 from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.checkpoint.hf_exchange import HFExchange, hf_load_source
 from torchtitan.checkpoint.mismatch import run_facts
+from torchtitan.checkpoint.states import ModelState
 from torchtitan.config.schema import JobConfig
 from torchtitan.data import tokenizer as tokenizers
 from torchtitan.data.hf_tokenizer import write_tokenizer_files
@@ -28,6 +30,12 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.parallelize import parallelize_decoder
 from torchtitan.distributed.param_init import layout_invariant_init
 from torchtitan.distributed.pipeline import Pipeline, split_model
+from torchtitan.distributed.replica_groups import (
+    LIGHTHOUSE_ENV,
+    ReplicaGroups,
+    into_place,
+    local_state,
+)
 from torchtitan.distributed.tensor_parallel import decoder_block_plan
 from torchtitan.lora.apply import apply_lora
 from torchtitan.lora.export import LoRAExport
@@ -41,6 +49,7 @@ from torchtitan.optim import optimizers
 from torchtitan.optim.lr_scheduling import build_lr_scheduler
 from torchtitan.optim.param_groups import check_and_log
 from torchtitan.quantization.float8 import apply_converters, tensorwise_tp
+from torchtitan.remote import join
 from torchtitan.train import runtime
 from torchtitan.train.loss import build_loss_fn
 from torchtitan.train.plan import JobPlan, check_vocab, plan_job
@@ -91,9 +100,8 @@ def build_tokenizer(job_config: JobConfig) -> Any:
 def build_dataloader(job_config: JobConfig, rt: Runtime, tokenizer: Any) -> Any:
     """The training data of this data-parallel rank (infinite, checkpointable); read by worker
     processes with ``training.dataloader.num_workers`` > 0."""
-    loader = dataloader_for(
-        job_config, tokenizer, rt.dims.dp_rank, rt.dims.dp, rt.plan.global_batch_size
-    )
+    # with replica groups every group reads its own part of the global batch
+    loader = dataloader_for(job_config, tokenizer, *rt.plan.data_shard(), rt.plan.global_batch_size)
     w = job_config.training.dataloader
     if w.num_workers == 0:
         return loader
@@ -340,9 +348,15 @@ def build_checkpointer(
     tokenizer: Any,
 ) -> CheckpointManager:
     """The checkpoint manager over everything a resume needs, with the family's Hugging Face
-    adapter from its model spec."""
+    adapter from its model spec. A replica group (fault_tolerance) keeps its own checkpoints in
+    ``replica-N`` of the folder: its data position is its own."""
+    cfg = job_config.checkpoint
+    if job_config.fault_tolerance.enable:
+        cfg = dataclasses.replace(
+            cfg, folder=join(cfg.folder, f"replica-{job_config.fault_tolerance.replica_id}")
+        )
     return CheckpointManager(
-        job_config.checkpoint,
+        cfg,
         dump_folder=job_config.job.dump_folder,
         total_steps=job_config.training.steps,
         model_parts=model.parts,
@@ -398,3 +412,48 @@ def build_metrics(
         data_tokens=getattr(dataloader, "tokens_per_source", None),  # a mixture's shares
         total_steps=job_config.training.steps,
     )
+
+
+def build_replica_groups(
+    job_config: JobConfig,
+    rt: Runtime,
+    model: BuiltModel,
+    *,
+    optimizer: Any,
+    lr_scheduler: Any,
+    train_state: TrainState,
+) -> ReplicaGroups | None:
+    """``fault_tolerance.enable``: torchft's manager of this replica group, with what a group
+    that heals takes from a live one (the model, optimizer, schedule and step counters, as this
+    rank's local tensors); None otherwise. The data position is not sent: each group reads its
+    own part of the batch."""
+    if not job_config.fault_tolerance.enable:
+        return None
+    groups = ReplicaGroups(
+        job_config.fault_tolerance,
+        rank=rt.rank,
+        world_size=rt.world_size,
+        init_sync=job_config.debug.seed is None,  # seeded: every group initializes alike
+    )
+    # torchft's step is the training step: a group behind the live ones (restarted from an
+    # older checkpoint, or fresh) heals from them at its first quorum
+    groups.manager.load_state_dict({"step": train_state.step, "batches_committed": 0})
+    weights = ModelState(model.parts)
+    for name, obj in (
+        ("model", weights),
+        ("optimizer", optimizer),
+        ("lr_scheduler", lr_scheduler),
+        ("train_state", train_state),
+    ):
+        groups.register(
+            name,
+            lambda obj=obj: local_state(obj.state_dict()),
+            lambda received, obj=obj: obj.load_state_dict(into_place(obj.state_dict(), received)),
+        )
+    logger.info(
+        f"Replica group {job_config.fault_tolerance.replica_id} of "
+        f"{job_config.fault_tolerance.group_size} (torchft, lighthouse "
+        f"{os.environ.get(LIGHTHOUSE_ENV)}): its share of the global batch is "
+        f"{rt.plan.global_batch_size // rt.plan.groups} of {rt.plan.global_batch_size} sequences"
+    )
+    return groups

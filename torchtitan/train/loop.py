@@ -18,6 +18,7 @@ from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.config.schema import JobConfig
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.expert_load import ExpertLoad
+from torchtitan.distributed.replica_groups import ReplicaGroups
 from torchtitan.observability.log import logger
 from torchtitan.observability.metrics import MetricsProcessor, mean_over
 from torchtitan.observability.profiling import profiled_steps
@@ -62,6 +63,10 @@ class Loop:
     evaluator: DownstreamEvaluator | None
     train_state: TrainState
     preemption: Preemption
+    # fault_tolerance.enable: torchft's manager of this replica group (gradients averaged with
+    # the other groups, updates only when every group commits)
+    replicas: ReplicaGroups | None = None
+    _groups_logged: int = 0  # the number of live groups last logged
     _mean_loss: tuple[int, float] = (0, 0.0)  # (step, its loss averaged over the ranks)
     # this run's first step, the tokens trained before it, and when the loop started and ended
     _began: tuple[int, int, float, float] = (0, 0, 0.0, 0.0)
@@ -132,7 +137,7 @@ class Loop:
             rank=self.rt.rank,
             world_size=self.rt.world_size,
             device=self.rt.device,
-            data_wait=lambda: self.metrics.data_loading_times[-1],
+            data_wait=lambda: (self.metrics.data_loading_times or [0.0])[-1],
         )
 
     @cached_property
@@ -177,13 +182,19 @@ class Loop:
                 self.stragglers,
                 profiler,
             ]
-            for step in range(first, t.steps + 1):
+            step = first
+            while step <= t.steps:
+                step = self.start_step(data_iter, step)
                 for hook in hooks:
                     hook.before_step(step)
                 loss, grad_norm = self.step(data_iter)
                 self.act(step, finite_verdict(step, loss, grad_norm))
                 skip = self.act(step, self.spike_verdict(step, loss))
                 lr = self.optimizer_step(step, skip=skip)
+                if lr is None:  # not committed by every replica group: the step is retried
+                    for hook in hooks:
+                        hook.after_step(step)
+                    continue
                 if self.metrics.should_log(step) or step == t.steps:  # the last step always
                     self.log(step, loss, grad_norm, lr)
                 for hook in hooks:
@@ -201,6 +212,7 @@ class Loop:
                     startup.lap("first step")
                     logger.info(startup.summary())
                     startup = None
+                step += 1
 
     def act(self, step: int, verdict: Verdict) -> bool:
         """What the loop does with a guard's verdict: whether to skip this step's update; a stop
@@ -276,16 +288,22 @@ class Loop:
             n = batch.labels.numel() // self.rt.dims.non_data_parallel_size
             self.metrics.ntokens_since_last_log += n
             loss += self.runner.forward_backward(batch, divisor)
+        if self.replicas is not None:
+            self.replicas.average_gradients(self.params)
         max_norm = self.job_config.training.max_norm
         return loss, dist_utils.clip_grad_norm_(
             self.params, max_norm, pp_group=self.rt.dims.pp_group
         )
 
-    def optimizer_step(self, step: int, skip: bool = False) -> dict[str, float]:
+    def optimizer_step(self, step: int, skip: bool = False) -> dict[str, float] | None:
         """The update (after a background save has copied the weights it needs); the learning
         rates it used. A skipped update changes nothing, nor does the schedule move; the batch is
-        consumed."""
+        consumed. With replica groups: None when the step was not committed (nothing changed,
+        the step is retried); a group that healed in it has taken the live groups' state, and
+        updates as they do."""
         self.checkpointer.wait_for_staging()
+        if self.replicas is not None and not self.replicas.commit():
+            return None
         lr = self.learning_rates()
         if not skip:
             self.optimizer.step()
@@ -295,10 +313,49 @@ class Loop:
                 self.parts, self.job_config.model.converters, self.job_config.float8
             )
             self.lr_scheduler.step()
-        tokens = self.rt.plan.global_batch_size * self.job_config.training.seq_len
+        tokens = self.step_sequences() * self.job_config.training.seq_len
         self.train_state.step = step
         self.train_state.ntokens_seen += tokens
         return lr
+
+    def start_step(self, data_iter: Any, step: int) -> int:
+        """The step about to be trained: ``step``, or with replica groups, after the quorum, the
+        live groups' next step when this group was behind them and has just taken their state
+        (its data reader then skips its share of the steps it missed)."""
+        if self.replicas is None:
+            return step
+        self.replicas.start_step()
+        if self.train_state.step + 1 != step:
+            self.catch_up(data_iter, step - 1, self.train_state.step)
+        return self.train_state.step + 1
+
+    def catch_up(self, data_iter: Any, own: int, healed: int) -> None:
+        """This replica group had trained to step ``own`` and took the live groups' state of
+        step ``healed``: its reader skips its share of the steps between, so that it reads the
+        same part of every global batch as if it had never stopped."""
+        batches = (healed - own) * self.rt.plan.grad_accum_steps
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            next(data_iter)
+        logger.info(
+            f"replica group {self.job_config.fault_tolerance.replica_id} healed from the live "
+            f"groups: step {own} -> {healed}; its data reader skipped its share of steps "
+            f"{own + 1}-{healed} ({batches} batches, {time.perf_counter() - t0:.2f}s)"
+        )
+
+    def step_sequences(self) -> int:
+        """The global batch of this step: with replica groups, the live groups' batches."""
+        plan = self.rt.plan
+        if self.replicas is None:
+            return plan.global_batch_size
+        live = self.replicas.participants
+        if live != self._groups_logged:
+            self._groups_logged = live
+            logger.info(
+                f"global batch: {live * plan.global_batch_size // plan.groups} sequences from "
+                f"{live} live replica group{'s' * (live != 1)} of {plan.groups}"
+            )
+        return live * plan.global_batch_size // plan.groups
 
     def learning_rates(self) -> dict[str, float]:
         """The next step's ``lr`` (optimizer.lr on its schedule) and, with Muon, ``lr/muon``

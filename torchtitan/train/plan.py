@@ -25,6 +25,7 @@ from torchtitan.data.mixture import check_data_config
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.distributed.parallel_dims import DIM_KEYS, ParallelDims
 from torchtitan.distributed.pipeline import PipelinePlan, check_pipeline_config
+from torchtitan.distributed.replica_groups import check_environment
 from torchtitan.errors import ConfigError, ConfigErrors, Problems
 from torchtitan.models.spec import ModelSpec, get_model_args, get_model_spec
 from torchtitan.quantization.float8 import check_converters
@@ -41,6 +42,14 @@ class JobPlan:
     grad_accum_steps: int
     global_batch_size: int
     pipeline: PipelinePlan | None = None  # set when parallelism.pipeline_parallel_degree > 1
+    # fault_tolerance.enable: this job is group ``group_index`` of ``groups`` replica groups,
+    # which share the global batch (each reads its own part of every step's)
+    groups: int = 1
+    group_index: int = 0
+
+    def data_shard(self) -> tuple[int, int]:
+        """``(rank, world)`` of this rank among every data-parallel reader of every group."""
+        return self.group_index * self.dims.dp + self.dims.dp_rank, self.dims.dp * self.groups
 
 
 def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = None) -> JobPlan:
@@ -56,6 +65,9 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
         _check_dump_folder(job_config.job.dump_folder)
     with problems.collect():
         _check_object_storage(job_config.checkpoint)
+    if job_config.fault_tolerance.enable:
+        with problems.collect():
+            check_environment(job_config.fault_tolerance)
     with problems.collect():
         check_data_config(job_config.training)
     with problems.collect():
@@ -86,13 +98,21 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
     global_batch = accum = 0
     if dims is not None:
         with problems.collect():
-            global_batch, accum = _global_batch(job_config.training, dims)
+            global_batch, accum = _global_batch(job_config.training, dims, _groups(job_config))
         if job_config.optimizer.early_step_in_backward:
             with problems.collect():
                 _check_early_step(job_config, dims, accum)
     if problems.lines:
         raise located(job_config, ConfigErrors(problems.lines))
-    return JobPlan(dims, spec, model_args, accum, global_batch, pipeline)
+    ft = job_config.fault_tolerance
+    return JobPlan(
+        dims, spec, model_args, accum, global_batch, pipeline, _groups(job_config), ft.replica_id
+    )
+
+
+def _groups(job_config: JobConfig) -> int:
+    ft = job_config.fault_tolerance
+    return max(1, ft.group_size) if ft.enable else 1
 
 
 def _dims(job_config: JobConfig, world_size: int) -> ParallelDims:
@@ -116,11 +136,12 @@ def _dims(job_config: JobConfig, world_size: int) -> ParallelDims:
     )
 
 
-def _global_batch(t: Any, dims: ParallelDims) -> tuple[int, int]:
-    """(global batch, gradient accumulation steps)."""
+def _global_batch(t: Any, dims: ParallelDims, groups: int = 1) -> tuple[int, int]:
+    """(global batch, gradient accumulation steps); with replica groups the global batch is
+    every group's together."""
     if t.local_batch_size < 1:
         return 0, 0  # reported by the config's own checks
-    return global_batch(t.local_batch_size, t.global_batch_size, dims.dp)
+    return global_batch(t.local_batch_size, t.global_batch_size, dims.dp * groups)
 
 
 def _check_dataloader_workers(t: Any) -> None:

@@ -246,7 +246,7 @@ def test_a_misspelled_section_is_one_line_per_file(tmp_path, capsys):
         "command line: --opt.lr: unknown section [opt]; did you mean [optimizer]?",
         "command line: --zzz.name: unknown section [zzz]; sections: job, model, float8, "
         "optimizer, lr_scheduler, training, metrics, parallelism, moe, checkpoint, "
-        "activation_checkpoint, compile, profiling, validation, eval, lora, debug, comm, resilience",
+        "activation_checkpoint, compile, profiling, validation, eval, lora, fault_tolerance, debug, comm, resilience",
     ]
     assert preflight.main(["--job.config_file", path]) == 2
     assert capsys.readouterr().err == (

@@ -1,0 +1,89 @@
+"""Replica groups (torchtitan/distributed/replica_groups.py) without processes: the config's
+one-line refusals, what a group needs before it starts, the share of the batch each group reads,
+and the state a healing group is sent (local tensors) put back in place. Groups training, dying
+and healing are in tests/e2e/test_replica_groups.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchtitan.config.parse import parse_args
+from torchtitan.distributed.replica_groups import check_environment, into_place, local_state
+from torchtitan.errors import ConfigError
+
+FT = ["--fault_tolerance.enable"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], r"fault_tolerance.group_size.*how many replica groups train together must be set"),
+        (
+            ["--fault_tolerance.group_size=2", "--fault_tolerance.replica_id=2"],
+            "fault_tolerance.replica_id: 2 is not a group of group_size 2; valid: 0 .. 1",
+        ),
+        (
+            ["--fault_tolerance.group_size=2", "--fault_tolerance.min_replica_size=3"],
+            "fault_tolerance.min_replica_size: 3 groups can never meet",
+        ),
+        (
+            ["--fault_tolerance.group_size=2", "--parallelism.data_parallel_replicate_degree=2"],
+            "parallelism.data_parallel_replicate_degree: the replica groups are the replicate",
+        ),
+    ],
+)
+def test_replica_group_settings_are_checked(args, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_args([*FT, *args])
+
+
+def test_upstream_semi_sync_keys_are_refused_until_built():
+    with pytest.raises(ConfigError, match="DiLoCo and local SGD are not built here yet"):
+        parse_args(
+            [*FT, "--fault_tolerance.group_size=2", "--fault_tolerance.semi_sync_method=diloco"]
+        )
+
+
+def test_a_group_needs_the_lighthouse_address(monkeypatch):
+    pytest.importorskip("torchft")
+    cfg = parse_args([*FT, "--fault_tolerance.group_size=2"])
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
+    with pytest.raises(ConfigError, match="TORCHFT_LIGHTHOUSE is not set; start a lighthouse"):
+        check_environment(cfg.fault_tolerance)
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://localhost:29510")
+    check_environment(cfg.fault_tolerance)
+
+
+def test_each_group_reads_its_part_of_the_global_batch(monkeypatch):
+    """Group g of G, data-parallel rank r of d: reader g*d + r of G*d, and the global batch is
+    every group's (local 2 x dp 1 x 2 groups = 4 without accumulation)."""
+    pytest.importorskip("torchft")
+    from torchtitan.train.plan import plan_job
+
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://localhost:29510")
+    args = ["--training.local_batch_size=2", "--training.global_batch_size=4"]
+    for replica in (0, 1):
+        cfg = parse_args(
+            [
+                *FT,
+                "--fault_tolerance.group_size=2",
+                f"--fault_tolerance.replica_id={replica}",
+                *args,
+            ]
+        )
+        plan = plan_job(cfg, world_size=1)
+        assert plan.data_shard() == (replica, 2)
+        assert (plan.global_batch_size, plan.grad_accum_steps) == (4, 1)
+
+
+def test_state_sent_to_a_healing_group_is_put_back_in_its_form():
+    current = {
+        "w": torch.zeros(2, 3),
+        "nested": {"b": torch.zeros(3, dtype=torch.bfloat16)},
+        "step": 4,
+    }
+    sent = local_state({"w": torch.ones(2, 3), "nested": {"b": torch.ones(3)}, "step": 9})
+    placed = into_place(current, sent)
+    assert torch.equal(placed["w"], torch.ones(2, 3)) and placed["step"] == 9
+    assert placed["nested"]["b"].dtype == torch.bfloat16  # the receiver's dtype and device

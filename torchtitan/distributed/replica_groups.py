@@ -1,0 +1,192 @@
+"""Replica groups with torchft (``[fault_tolerance]``): this job is one of
+``fault_tolerance.group_size`` groups that train one model together. Each group is an ordinary
+job of this library (FSDP, TP, PP inside it, its own torchrun); between the groups, torchft's
+``Manager`` plays the data-parallel replicate dimension:
+
+- every step starts with a quorum of the live groups, through torchft's lighthouse
+  (``TORCHFT_LIGHTHOUSE``);
+- after the backward each group's gradients (this rank's local shards: the groups have the same
+  layout, so rank r of every group holds the same shards) are averaged over the groups that
+  take part in the step, one flat all-reduce per dtype over torchft's process group;
+- the update is made only when every group votes to commit (``should_commit``); a step that a
+  group's death broke is retried (its batch dropped) with the groups that are left;
+- a group that starts while others train (restarted by its launcher), or is behind them, is
+  sent the live groups' state at its first quorum (rank r of a live group to rank r of it,
+  torchft's HTTP transport) and applies it before its step: it goes on from the current step.
+
+What is sent is registered by the trainer (:meth:`ReplicaGroups.register`): the model, the
+optimizer, the LR schedule and the step counters, as this rank's local tensors
+(:func:`local_state`), put back into the same sharding on arrival (:func:`into_place`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from torchtitan.config.schema import FaultTolerance
+from torchtitan.errors import ConfigError
+from torchtitan.observability.log import logger
+
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+
+
+def check_environment(cfg: FaultTolerance) -> None:
+    """What a replica group needs before it starts: torchft, and the lighthouse's address."""
+    # torchft's own lines (a quorum every step) at warnings and above, unless asked for; read
+    # when torchft is first imported
+    os.environ.setdefault("RUST_LOG", "warn")
+    try:
+        import torchft  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "fault_tolerance.enable: needs torchft (pip install torchft; its lighthouse is "
+            "the torchft_lighthouse command)"
+        ) from None
+    if not os.environ.get(LIGHTHOUSE_ENV):
+        raise ConfigError(
+            f"fault_tolerance.enable: {LIGHTHOUSE_ENV} is not set; start a lighthouse "
+            "(torchft_lighthouse --min_replicas 1, or FT_LIGHTHOUSE=start with "
+            f"run_llama_train.sh) and set {LIGHTHOUSE_ENV}=http://HOST:29510"
+        )
+
+
+class ReplicaGroups:
+    """torchft's Manager for this rank of replica group ``cfg.replica_id``."""
+
+    def __init__(
+        self, cfg: FaultTolerance, *, rank: int, world_size: int, init_sync: bool = True
+    ) -> None:
+        check_environment(cfg)
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+
+        timeout = timedelta(milliseconds=cfg.process_group_timeout_ms)
+        pg = ProcessGroupGloo(timeout=timeout) if cfg.process_group == "gloo" else None
+        pg = pg or ProcessGroupNCCL(timeout=timeout)
+        self.cfg = cfg
+        self._store, host, port = _fresh_store(rank)
+        # a replica id ending in digits: the group's index among the others
+        self.manager = Manager(
+            pg=pg,
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=cfg.min_replica_size,
+            # the quorum, and what a healing group is sent, before the step: the state is read
+            # through FSDP's state-dict API, which must not run beside the forward
+            use_async_quorum=False,
+            rank=rank,
+            world_size=world_size,
+            store_addr=host,
+            store_port=port,
+            replica_id=f"torchtitan_ft_{cfg.replica_id}",
+            timeout=max(timeout, timedelta(seconds=60)),
+            # groups that start together take the first one's weights, unless a seed made
+            # them equal already (a group that starts behind always heals)
+            init_sync=init_sync,
+        )
+        self.gpu_collectives = cfg.process_group == "nccl"
+        self.retried = 0  # steps this group made that were not committed
+
+    def register(self, name: str, state: Callable[[], Any], load: Callable[[Any], None]) -> None:
+        """``name``'s state, sent to a group that heals (``state()``, this rank's tensors) and
+        taken from a live group (``load(received)``)."""
+        self.manager.register_state_dict_fn(name, load, state)
+
+    def start_step(self) -> None:
+        """The quorum of this step; a group behind the live ones takes their state here."""
+        self.manager.start_quorum()
+
+    def average_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Each parameter's gradient (this rank's local shard) averaged over the groups that
+        take part in the step: one all-reduce per dtype, of the gradients laid end to end."""
+        grads = [_local(p.grad) for p in params if p.grad is not None]
+        for dtype in sorted({g.dtype for g in grads}, key=str):
+            same = [g for g in grads if g.dtype == dtype]
+            flat = torch.cat([g.reshape(-1) for g in same])
+            on_cpu = not self.gpu_collectives and flat.device.type != "cpu"
+            buffer = flat.cpu() if on_cpu else flat
+            self.manager.allreduce(buffer).wait()
+            if on_cpu:
+                flat.copy_(buffer)
+            offset = 0
+            for g in same:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def commit(self) -> bool:
+        """Whether every group of the step voted to commit it; False: the step is retried."""
+        committed = self.manager.should_commit()
+        if not committed:
+            self.retried += 1
+            logger.warning(
+                f"replica group {self.cfg.replica_id}: step not committed (a group failed during "
+                "it); retrying it with the groups that are left"
+            )
+        return committed
+
+    @property
+    def participants(self) -> int:
+        """How many groups took part in this step."""
+        return self.manager.num_participants()
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def _fresh_store(rank: int) -> tuple[Any, str, int]:
+    """A key-value store of this attempt for torchft's manager, hosted by rank 0 on a free port:
+    torchrun's own store (MASTER_ADDR/MASTER_PORT, torchft's default) outlives a restart of the
+    workers and still holds the dead attempt's manager address, which a restarted rank would
+    then wait on. Returns (the store on rank 0, else None; its host; its port)."""
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    store = None
+    where: list[Any] = [None]
+    if rank == 0:
+        store = TCPStore(socket.gethostname(), 0, is_master=True, wait_for_workers=False)
+        where = [(socket.gethostname(), store.port)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(where, src=0)
+    host, port = where[0]
+    return store, host, port
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def local_state(state: Any) -> Any:
+    """``state`` with every DTensor replaced by this rank's local tensor (what is sent to the
+    same rank of a group that heals; the groups have the same layout)."""
+    if isinstance(state, dict):
+        return {k: local_state(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(local_state(v) for v in state)
+    return _local(state).detach() if isinstance(state, torch.Tensor) else state
+
+
+def into_place(current: Any, received: Any) -> Any:
+    """``received`` (local tensors) in the form of ``current``: each DTensor rebuilt with its
+    mesh and placements around the received local tensor (on the current device and dtype)."""
+    if isinstance(current, dict):
+        return {k: into_place(current[k], v) if k in current else v for k, v in received.items()}
+    if isinstance(current, DTensor):
+        local = received.to(current.to_local().device, current.dtype)
+        return DTensor.from_local(
+            local,
+            current.device_mesh,
+            current.placements,
+            run_check=False,
+            shape=current.shape,
+            stride=current.stride(),
+        )
+    if isinstance(current, torch.Tensor) and isinstance(received, torch.Tensor):
+        return received.to(current.device, current.dtype)
+    return received
