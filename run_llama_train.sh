@@ -140,6 +140,12 @@ elif [ "${FT_LIGHTHOUSE:-}" = start ]; then
     >"$(dirname "$(mktemp -u)")/torchft-lighthouse-$lh_port.log" 2>&1 &
   lighthouse_pid=$!
   trap 'kill "$lighthouse_pid" 2>/dev/null' EXIT
+  for _ in $(seq 100); do  # up within 10 s, or say why not
+    (exec 3<>"/dev/tcp/127.0.0.1/$lh_port") 2>/dev/null && break
+    kill -0 "$lighthouse_pid" 2>/dev/null ||
+      fail "FT_LIGHTHOUSE=start: torchft_lighthouse exited (port $lh_port taken?); see $(dirname "$(mktemp -u)")/torchft-lighthouse-$lh_port.log"
+    sleep 0.1
+  done
   TORCHFT_LIGHTHOUSE="http://$(hostname):$lh_port"
   export TORCHFT_LIGHTHOUSE
   echo "launch: torchft lighthouse at $TORCHFT_LIGHTHOUSE (pid $lighthouse_pid, min_replicas ${FT_MIN_REPLICAS:-1})"

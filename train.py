@@ -141,7 +141,9 @@ def _log_start(job_config: JobConfig, rt: builders.Runtime) -> None:
     t = job_config.training
     logger.info(
         f"Global batch {rt.plan.global_batch_size} sequences = local {t.local_batch_size} x dp "
-        f"{rt.dims.dp} x {rt.plan.grad_accum_steps} accumulation steps; training {t.steps} steps"
+        f"{rt.dims.dp} x {rt.plan.grad_accum_steps} accumulation steps"
+        + (f" x {rt.plan.groups} replica groups" if rt.plan.groups > 1 else "")
+        + f"; training {t.steps} steps"
     )
 
 

@@ -117,9 +117,13 @@ def test_a_killed_group_heals_from_the_live_one_which_keeps_training(tmp_path):
     first step and skips its share of the steps it missed. At the first step both groups saved
     after that, their weights are the same, bit for bit, and their loss is within a documented
     tolerance of an unbroken run's. (The groups train at most 400 steps; the test stops them
-    there. A constant learning rate after the warm-up: the unbroken run's schedule does not
-    depend on its length.)"""
-    constant_lr = ["--lr_scheduler.decay_ratio=0", "--training.local_batch_size=2"]
+    there. A warm-up of 20 steps, which the heal lands in, then a constant learning rate: the
+    schedule's state must come over, and the unbroken run's does not depend on its length.)"""
+    constant_lr = [
+        "--lr_scheduler.warmup_steps=20",
+        "--lr_scheduler.decay_ratio=0",
+        "--training.local_batch_size=2",
+    ]
     args = [[*_group_args(tmp_path, i, 400, 5), *constant_lr] for i in (0, 1)]
     logs = [tmp_path / f"g{i}" / "out" / "logs" / "rank_0.log" for i in (0, 1)]
     text = [lambda i=i: logs[i].read_text() if logs[i].exists() else "" for i in (0, 1)]
@@ -148,6 +152,8 @@ def test_a_killed_group_heals_from_the_live_one_which_keeps_training(tmp_path):
     assert "Loaded training state" not in text0  # group 0 never restarted
     assert "step not committed (a group failed during it); retrying it" in text0
     assert healed[1] == "5" and int(healed[2]) > 8, healed[0]
+    skipped = re.search(r"skipped its share of steps 6-(\d+) \((\d+) batches", text1)
+    assert skipped and int(skipped[2]) == int(healed[2]) - 5 == int(skipped[1]) - 5, skipped
     assert "Loaded training state from" in text1 and "step-5 (step 5)" in text1
     # while group 1 was down, group 0 logged steps one after another
     midnight = time.mktime(time.localtime(killed_at)[:3] + (0, 0, 0, 0, 0, -1))

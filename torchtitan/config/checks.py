@@ -245,6 +245,18 @@ def _check_fault_tolerance(cfg: JobConfig) -> None:
             "dimension with fault_tolerance.enable; use 1 (and data_parallel_shard_degree "
             "inside each group)"
         )
+    # what each group would decide alone, where the groups must act as one
+    if cfg.optimizer.early_step_in_backward:
+        problems.add(
+            "optimizer.early_step_in_backward: updates each parameter in the backward, before "
+            "the groups average the gradients and commit the step; set it false with "
+            "fault_tolerance.enable"
+        )
+    if cfg.resilience.loss_spike_zscore > 0:
+        problems.add(
+            "resilience.loss_spike_zscore: each replica group would judge its own loss and skip "
+            "updates the others make; set loss_spike_zscore = 0 with fault_tolerance.enable"
+        )
     problems.raise_if_any()
 
 

@@ -31,14 +31,25 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from torchtitan.config.schema import FaultTolerance
-from torchtitan.errors import ConfigError
+from torchtitan.errors import ConfigError, TorchTitanError
 from torchtitan.observability.log import logger
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
 
-def check_environment(cfg: FaultTolerance) -> None:
-    """What a replica group needs before it starts: torchft, and the lighthouse's address."""
+class ReplicaGroupError(TorchTitanError):
+    """Replica groups that cannot go on: no quorum, no lighthouse, steps never committed."""
+
+    exit_code = 1
+    names_rank = False
+
+
+MAX_RETRIES = 10  # steps in a row not committed before the group stops
+
+
+def check_environment(cfg: FaultTolerance, device_type: str = "cpu") -> None:
+    """What a replica group needs before it starts: torchft, the lighthouse's address, and
+    NCCL's devices for ``process_group = "nccl"``."""
     # torchft's own lines (a quorum every step) at warnings and above, unless asked for; read
     # when torchft is first imported
     os.environ.setdefault("RUST_LOG", "warn")
@@ -49,6 +60,11 @@ def check_environment(cfg: FaultTolerance) -> None:
             "fault_tolerance.enable: needs torchft (pip install torchft; its lighthouse is "
             "the torchft_lighthouse command)"
         ) from None
+    if cfg.process_group == "nccl" and device_type != "cuda":
+        raise ConfigError(
+            f"fault_tolerance.process_group: nccl needs CUDA devices, and this job runs on "
+            f"{device_type}; use gloo"
+        )
     if not os.environ.get(LIGHTHOUSE_ENV):
         raise ConfigError(
             f"fault_tolerance.enable: {LIGHTHOUSE_ENV} is not set; start a lighthouse "
@@ -72,7 +88,7 @@ class ReplicaGroups:
         self.cfg = cfg
         self._store, host, port = _fresh_store(rank)
         # a replica id ending in digits: the group's index among the others
-        self.manager = Manager(
+        self.manager = _one_line(cfg, "cannot reach torchft's lighthouse", Manager)(
             pg=pg,
             load_state_dict=None,
             state_dict=None,
@@ -92,6 +108,7 @@ class ReplicaGroups:
         )
         self.gpu_collectives = cfg.process_group == "nccl"
         self.retried = 0  # steps this group made that were not committed
+        self.in_a_row = 0  # of them, since the last committed step
 
     def register(self, name: str, state: Callable[[], Any], load: Callable[[Any], None]) -> None:
         """``name``'s state, sent to a group that heals (``state()``, this rank's tensors) and
@@ -100,18 +117,26 @@ class ReplicaGroups:
 
     def start_step(self) -> None:
         """The quorum of this step; a group behind the live ones takes their state here."""
-        self.manager.start_quorum()
+        _one_line(self.cfg, "no quorum of the replica groups", self.manager.start_quorum)()
 
     def average_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Each parameter's gradient (this rank's local shard) averaged over the groups that
         take part in the step: one all-reduce per dtype, of the gradients laid end to end."""
-        grads = [_local(p.grad) for p in params if p.grad is not None]
+        # a parameter without a gradient (no token reached it) sends zeros, so that every group's
+        # buffer holds the same parameters; its gradient stays None
+        grads = [
+            _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p))
+            for p in params
+            if p.requires_grad
+        ]
         for dtype in sorted({g.dtype for g in grads}, key=str):
             same = [g for g in grads if g.dtype == dtype]
             flat = torch.cat([g.reshape(-1) for g in same])
             on_cpu = not self.gpu_collectives and flat.device.type != "cpu"
             buffer = flat.cpu() if on_cpu else flat
             self.manager.allreduce(buffer).wait()
+            if self.manager.errored() is not None:  # a group failed: the step is not committed
+                buffer.zero_()
             if on_cpu:
                 flat.copy_(buffer)
             offset = 0
@@ -122,13 +147,23 @@ class ReplicaGroups:
     def commit(self) -> bool:
         """Whether every group of the step voted to commit it; False: the step is retried."""
         committed = self.manager.should_commit()
-        if not committed:
-            self.retried += 1
-            logger.warning(
-                f"replica group {self.cfg.replica_id}: step not committed (a group failed during "
-                "it); retrying it with the groups that are left"
+        if committed:
+            self.in_a_row = 0
+            return True
+        self.retried += 1
+        self.in_a_row += 1
+        if self.in_a_row >= MAX_RETRIES:
+            raise ReplicaGroupError(
+                f"replica group {self.cfg.replica_id}: {self.in_a_row} steps in a row were not "
+                f"committed ({_first_line(self.manager.errored())}); check that "
+                f"fault_tolerance.min_replica_size ({self.cfg.min_replica_size}) groups are up, "
+                f"the lighthouse ({os.environ.get(LIGHTHOUSE_ENV)}) and the network between groups"
             )
-        return committed
+        logger.warning(
+            f"replica group {self.cfg.replica_id}: step not committed (a group failed during "
+            "it); retrying it with the groups that are left"
+        )
+        return False
 
     @property
     def participants(self) -> int:
@@ -137,6 +172,28 @@ class ReplicaGroups:
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def _first_line(error: Any) -> str:
+    text = str(getattr(error, "original_exception", error) or "no error reported").strip()
+    return (text.splitlines() or [""])[0][:200]
+
+
+def _one_line(cfg: FaultTolerance, what: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` whose failure (a timeout, the lighthouse out of reach) is one line, not a
+    traceback from torchft's RPC."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise ReplicaGroupError(
+                f"replica group {cfg.replica_id}: {what} ({type(e).__name__}: {_first_line(e)}); "
+                f"is the lighthouse at {os.environ.get(LIGHTHOUSE_ENV)} up, and are "
+                f"fault_tolerance.min_replica_size ({cfg.min_replica_size}) groups running?"
+            ) from None
+
+    return call
 
 
 def _fresh_store(rank: int) -> tuple[Any, str, int]:

@@ -67,6 +67,7 @@ class Loop:
     # the other groups, updates only when every group commits)
     replicas: ReplicaGroups | None = None
     _groups_logged: int = 0  # the number of live groups last logged
+    _attempt_tokens: int = 0  # this rank's tokens in the step being trained
     _mean_loss: tuple[int, float] = (0, 0.0)  # (step, its loss averaged over the ranks)
     # this run's first step, the tokens trained before it, and when the loop started and ended
     _began: tuple[int, int, float, float] = (0, 0, 0.0, 0.0)
@@ -192,6 +193,7 @@ class Loop:
                 skip = self.act(step, self.spike_verdict(step, loss))
                 lr = self.optimizer_step(step, skip=skip)
                 if lr is None:  # not committed by every replica group: the step is retried
+                    self.forget_attempt()
                     for hook in hooks:
                         hook.after_step(step)
                     continue
@@ -283,10 +285,12 @@ class Loop:
         if isinstance(self.runner.loss_fn, MTPLoss):
             self.runner.loss_fn.begin_step()
         loss = torch.zeros((), device=self.rt.device)
+        self._attempt_tokens = 0
         for batch in batches:
             # tokens per device: TP/PP/CP ranks of one data-parallel replica share a batch
             n = batch.labels.numel() // self.rt.dims.non_data_parallel_size
             self.metrics.ntokens_since_last_log += n
+            self._attempt_tokens += n
             loss += self.runner.forward_backward(batch, divisor)
         if self.replicas is not None:
             self.replicas.average_gradients(self.params)
@@ -328,6 +332,13 @@ class Loop:
         if self.train_state.step + 1 != step:
             self.catch_up(data_iter, step - 1, self.train_state.step)
         return self.train_state.step + 1
+
+    def forget_attempt(self) -> None:
+        """A step that was not committed: its tokens, data wait and loss are not the run's."""
+        self.metrics.ntokens_since_last_log -= self._attempt_tokens
+        if self.metrics.data_loading_times:
+            self.metrics.data_loading_times.pop()
+        self._mean_loss = (0, 0.0)
 
     def catch_up(self, data_iter: Any, own: int, healed: int) -> None:
         """This replica group had trained to step ``own`` and took the live groups' state of

@@ -67,7 +67,7 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
         _check_object_storage(job_config.checkpoint)
     if job_config.fault_tolerance.enable:
         with problems.collect():
-            check_environment(job_config.fault_tolerance)
+            check_environment(job_config.fault_tolerance, device_type)
     with problems.collect():
         check_data_config(job_config.training)
     with problems.collect():
@@ -82,6 +82,9 @@ def plan_job(job_config: JobConfig, world_size: int, device_type: str | None = N
         for layout_check in (_check_validation, _check_eval, _check_sequence_split):
             with problems.collect():
                 layout_check(job_config, dims)
+    if job_config.fault_tolerance.enable and model_args is not None:
+        with problems.collect():
+            _check_replica_groups_model(job_config, model_args)
     if dims is not None and model_args is not None:
         with problems.collect():  # what the family refuses first: the same keys, said once
             _check_family_supports_layout(dims, spec, job_config.model.name)
@@ -275,6 +278,17 @@ def resolve_model_args(job_config: JobConfig) -> Any:
         attn_mask_type=m.attn_mask_type,
         **changes,
     )
+
+
+def _check_replica_groups_model(job_config: JobConfig, args: Any) -> None:
+    """A mixture of experts balances its routing with biases moved by the step's expert loads,
+    which each replica group counts over its own tokens only: the groups' biases would part."""
+    if getattr(args, "moe", None) is not None and job_config.moe.load_balance_coeff > 0:
+        raise ConfigError(
+            "moe.load_balance_coeff: the routing biases move with each replica group's own "
+            "expert loads, and the groups' models would part; set it to 0 with "
+            "fault_tolerance.enable (the auxiliary loss, moe.aux_loss_coeff, is averaged)"
+        )
 
 
 def _check_model_fits_layout(dims: ParallelDims, args: Any) -> None:

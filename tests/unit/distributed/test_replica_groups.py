@@ -31,6 +31,14 @@ FT = ["--fault_tolerance.enable"]
             ["--fault_tolerance.group_size=2", "--parallelism.data_parallel_replicate_degree=2"],
             "parallelism.data_parallel_replicate_degree: the replica groups are the replicate",
         ),
+        (
+            ["--fault_tolerance.group_size=2", "--optimizer.early_step_in_backward"],
+            "optimizer.early_step_in_backward: updates each parameter in the backward",
+        ),
+        (
+            ["--fault_tolerance.group_size=2", "--resilience.loss_spike_zscore=4"],
+            "resilience.loss_spike_zscore: each replica group would judge its own loss",
+        ),
     ],
 )
 def test_replica_group_settings_are_checked(args, message):
@@ -53,6 +61,16 @@ def test_a_group_needs_the_lighthouse_address(monkeypatch):
         check_environment(cfg.fault_tolerance)
     monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://localhost:29510")
     check_environment(cfg.fault_tolerance)
+
+
+def test_nccl_between_groups_needs_cuda(monkeypatch):
+    pytest.importorskip("torchft")
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://localhost:29510")
+    cfg = parse_args(
+        [*FT, "--fault_tolerance.group_size=2", "--fault_tolerance.process_group=nccl"]
+    )
+    with pytest.raises(ConfigError, match="fault_tolerance.process_group: nccl needs CUDA"):
+        check_environment(cfg.fault_tolerance, "cpu")
 
 
 def test_each_group_reads_its_part_of_the_global_batch(monkeypatch):
