@@ -28,6 +28,7 @@ from launcher import (
     tensorboard_scalars_all_runs,
     train_env,
 )
+from ports import free_ports
 from repo_paths import ROOT
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -51,18 +52,8 @@ def _install() -> str | None:
     return f"apt-get install slurm-wlm munge failed: {(done.stderr or done.stdout).strip()[-300:]}"
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def _config(folder: Path, munge_socket: Path) -> str:
-    ctld, slurmd, node1, node2 = _free_ports(4)
+    ctld, slurmd, node1, node2 = free_ports(4)
     cpus = os.cpu_count() or 2  # slurmd drains a node configured with more CPUs than it has
     host = socket.gethostname()
     return f"""\
