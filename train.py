@@ -24,9 +24,7 @@ from torchtitan.observability.log import add_log_file, init_logger, logger
 from torchtitan.resilience.preemption import Interrupted, Preempted, Preemption
 from torchtitan.resilience.watchdog import HangWatchdog
 from torchtitan.train import builders, runtime
-from torchtitan.train.downstream import DownstreamEvaluator
 from torchtitan.train.loop import Loop
-from torchtitan.train.validation import Validator
 
 
 def train(job_config: JobConfig) -> None:
@@ -49,20 +47,20 @@ def train(job_config: JobConfig) -> None:
     #      stages, parallelized by the family's plan, then materialized
     model = builders.build_model(job_config, rt, tokenizer.n_words, on_meta=startup.lap)
     runner = builders.build_step_runner(job_config, rt, model)
-    validator = Validator(job_config, dataloader=val_loader, runner=runner) if val_loader else None
-    # downstream tasks (eval.tasks), read and tokenized now: a malformed file stops the run here
-    evaluator = (
-        DownstreamEvaluator(job_config, runner=runner, tokenizer=tokenizer)
-        if job_config.eval.enable
-        else None
-    )
+    # validation, and downstream tasks (eval.tasks) read now: a malformed file stops the run here
+    validator, evaluator = builders.build_evaluators(job_config, runner, val_loader, tokenizer)
     startup.lap("parallelize and materialize")
 
     # ---- optimizer and schedule
     optimizer, lr_scheduler = builders.build_optimizer(job_config, rt, model)
+    train_state = TrainState()
+
+    # ---- replica groups (fault_tolerance): in step, or meeting every sync_steps (DiLoCo)
+    replicas = builders.build_replica_groups(
+        job_config, rt, model, optimizer, lr_scheduler, train_state
+    )
 
     # ---- checkpoints: resume from the newest complete one in the folder, if any
-    train_state = TrainState()
     checkpointer = builders.build_checkpointer(
         job_config,
         rt,
@@ -72,21 +70,12 @@ def train(job_config: JobConfig) -> None:
         dataloader=dataloader,
         train_state=train_state,
         tokenizer=tokenizer,
+        replicas=replicas,
     )
     if job_config.checkpoint.create_seed_checkpoint:  # initial weights for later runs, then stop
         checkpointer.save_seed()
         return
     checkpointer.load()
-    # ---- replica groups (fault_tolerance): gradients averaged with the other groups; a group
-    #      that (re)starts while they train takes their state at its first step
-    replicas = builders.build_replica_groups(
-        job_config,
-        rt,
-        model,
-        optimizer=optimizer,
-        lr_scheduler=lr_scheduler,
-        train_state=train_state,
-    )
 
     # ---- metrics: console lines with the share done and the ETA, TensorBoard (a resumed run
     #      continues its run folder, one curve across resumes)
@@ -115,8 +104,6 @@ def train(job_config: JobConfig) -> None:
         loop.print_summary()
         raise
     checkpointer.close()  # the last background save, if any, is written and marked complete
-    if replicas is not None:
-        replicas.shutdown()
     metrics.close()
     logger.info("Training finished")
     loop.print_summary()

@@ -21,7 +21,9 @@ from launcher import (
     tensorboard_scalars_all_runs,
     worker_pids,
 )
-from lighthouse import free_port, lighthouse
+from lighthouse import lighthouse
+from ports import free_port
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from torchtitan.checkpoint import read_model_weights
 
@@ -30,6 +32,8 @@ pytest.importorskip("torchft")
 # docs/reliability.md: how far a run with a group down for ~25 of 60 steps ends from an unbroken
 # one (the mean loss of the last 10 steps; measured below in the test)
 LOSS_TOLERANCE = 0.15
+# the same for DiLoCo syncing every 4 steps, against two groups of DiLoCo never broken
+DILOCO_LOSS_TOLERANCE = 0.25
 TRAIN = [*FOUR_WORKER_ARGS, "--lr_scheduler.warmup_steps=2", "--checkpoint.enable"]
 
 
@@ -114,24 +118,55 @@ def test_a_killed_group_heals_from_the_live_one_which_keeps_training(tmp_path):
     """Two groups of two ranks: group 1's workers are SIGKILLed at step 8; group 0 retries the
     step it was in and trains on alone (its steps keep rising, it is never restarted); group 1's
     torchrun restarts it, it resumes its own checkpoint of step 5, takes group 0's state at its
-    first step and skips its share of the steps it missed. At the first step both groups saved
-    after that, their weights are the same, bit for bit, and their loss is within a documented
-    tolerance of an unbroken run's. (The groups train at most 400 steps; the test stops them
-    there. A warm-up of 20 steps, which the heal lands in, then a constant learning rate: the
-    schedule's state must come over, and the unbroken run's does not depend on its length.)"""
-    constant_lr = [
-        "--lr_scheduler.warmup_steps=20",
-        "--lr_scheduler.decay_ratio=0",
-        "--training.local_batch_size=2",
-    ]
-    args = [[*_group_args(tmp_path, i, 400, 5), *constant_lr] for i in (0, 1)]
-    logs = [tmp_path / f"g{i}" / "out" / "logs" / "rank_0.log" for i in (0, 1)]
-    text = [lambda i=i: logs[i].read_text() if logs[i].exists() else "" for i in (0, 1)]
-    saved = [
-        lambda s, i=i: (tmp_path / "ckpt" / f"replica-{i}" / f"step-{s}" / "COMPLETE").exists()
+    first step and skips its share of the steps it missed. At a step both groups saved after
+    that, their weights are the same, bit for bit, and their loss is within a documented
+    tolerance of an unbroken run's."""
+    healed, common, killed_at, (text0, text1) = _kill_and_heal(tmp_path, [], 5)
+    assert "Loaded training state" not in text0  # group 0 never restarted
+    assert "step not committed (a group failed during it); retrying it" in text0
+    assert healed[1] == "5" and int(healed[2]) > 8, healed[0]
+    skipped = re.search(r"skipped its share of steps 6-(\d+) \((\d+) batches", text1)
+    assert skipped and int(skipped[2]) == int(healed[2]) - 5 == int(skipped[1]) - 5, skipped
+    assert "Loaded training state from" in text1 and "step-5 (step 5)" in text1
+    _kept_training(tmp_path, killed_at, healed)
+    assert "global batch: 4 sequences from 1 live replica group of 2" in text0
+    _same_weights(tmp_path, common)
+    # the unbroken run: one process that trained every step on the whole batch
+    one = launch(tmp_path / "one", *TRAIN, *CONSTANT_LR, f"--training.steps={common}")
+    assert one.returncode == 0, one.stderr[-3000:]
+    ref = tensorboard_scalars_all_runs(tmp_path / "one" / "out")
+    _loss_near_unbroken(tmp_path, common, LOSS_TOLERANCE, ref)
+
+
+# two groups of two ranks, 400 steps at most: a warm-up of 20 steps (which a heal lands in: the
+# schedule's state must come over), then a constant learning rate (an unbroken run's loss does
+# not depend on its length)
+CONSTANT_LR = [
+    "--lr_scheduler.warmup_steps=20",
+    "--lr_scheduler.decay_ratio=0",
+    "--training.local_batch_size=2",
+]
+HEALED = r"healed from the live groups: step (\d+) -> (\d+)"
+
+
+def _log(tmp_path: Path, i: int) -> Path:
+    return tmp_path / f"g{i}" / "out" / "logs" / "rank_0.log"
+
+
+def _kill_and_heal(tmp_path: Path, extra: list[str], interval: int, join_timeout_ms: int = 1000):
+    """Group 1's workers SIGKILLed at its step 8; its torchrun restarts it and it heals from
+    group 0. Returns (the heal's match, a save both groups made 10+ steps after it, the time of
+    the kill, both rank-0 logs)."""
+    args = [[*_group_args(tmp_path, i, 400, interval), *CONSTANT_LR, *extra] for i in (0, 1)]
+    text = [
+        lambda i=i: _log(tmp_path, i).read_text() if _log(tmp_path, i).exists() else ""
         for i in (0, 1)
     ]
-    with lighthouse(min_replicas=1) as env:
+
+    def saved(i: int, step: int) -> bool:
+        return (tmp_path / "ckpt" / f"replica-{i}" / f"step-{step}" / "COMPLETE").exists()
+
+    with lighthouse(min_replicas=1, join_timeout_ms=join_timeout_ms) as env:
         procs = [start(tmp_path / "g0", *args[0], ngpu=2, **env)]
         procs.append(start(tmp_path / "g1", *args[1], ngpu=2, MAX_RESTARTS="1", **env))
         try:
@@ -141,34 +176,35 @@ def test_a_killed_group_heals_from_the_live_one_which_keeps_training(tmp_path):
             for pid in victims:
                 os.kill(pid, 9)
             killed_at = time.time()
-            healed_re = r"healed from the live groups: step (\d+) -> (\d+)"
-            _wait_for(lambda: re.search(healed_re, text[1]()), "heal of group 1", procs)
-            healed = re.search(healed_re, text[1]())
-            common = (int(healed[2]) // 5 + 3) * 5  # a save both groups make, 10+ steps later
-            _wait_for(lambda: saved[0](common) and saved[1](common), f"step {common}", procs)
+            _wait_for(lambda: re.search(HEALED, text[1]()), "heal of group 1", procs)
+            healed = re.search(HEALED, text[1]())
+            common = (int(healed[2]) // interval + 3) * interval
+            _wait_for(lambda: saved(0, common) and saved(1, common), f"step {common}", procs)
         finally:
             kill_all(procs, pids=worker_pids(str(tmp_path)).values())
-    text0, text1 = text[0](), text[1]()
-    assert "Loaded training state" not in text0  # group 0 never restarted
-    assert "step not committed (a group failed during it); retrying it" in text0
-    assert healed[1] == "5" and int(healed[2]) > 8, healed[0]
-    skipped = re.search(r"skipped its share of steps 6-(\d+) \((\d+) batches", text1)
-    assert skipped and int(skipped[2]) == int(healed[2]) - 5 == int(skipped[1]) - 5, skipped
-    assert "Loaded training state from" in text1 and "step-5 (step 5)" in text1
-    # while group 1 was down, group 0 logged steps one after another
+    return healed, common, killed_at, (text[0](), text[1]())
+
+
+def _kept_training(tmp_path: Path, killed_at: float, healed) -> None:
+    """While group 1 was down, group 0 logged steps one after another."""
     midnight = time.mktime(time.localtime(killed_at)[:3] + (0, 0, 0, 0, 0, -1))
-    during = [s for t, s in _step_times(logs[0]) if t >= int(killed_at - midnight)]
+    during = [s for t, s in _step_times(_log(tmp_path, 0)) if t >= int(killed_at - midnight)]
     during = [s for s in during if s <= int(healed[2])]
     assert len(during) > 3 and during == sorted(during), during
-    assert "global batch: 4 sequences from 1 live replica group of 2" in text0
-    w0, w1 = (_weights(tmp_path / "ckpt" / f"replica-{i}" / f"step-{common}") for i in (0, 1))
+
+
+def _same_weights(tmp_path: Path, step: int) -> dict[str, torch.Tensor]:
+    w0, w1 = (_weights(tmp_path / "ckpt" / f"replica-{i}" / f"step-{step}") for i in (0, 1))
     for name in w0:
         assert torch.equal(w0[name], w1[name]), name
-    # the mean loss of the 10 steps up to the common save (both groups back, the mean of their
-    # halves) against one process that trained every step on the whole batch
-    one = launch(tmp_path / "one", *TRAIN, *constant_lr, f"--training.steps={common}")
-    assert one.returncode == 0, one.stderr[-3000:]
-    ref = tensorboard_scalars_all_runs(tmp_path / "one" / "out")
+    return w0
+
+
+def _loss_near_unbroken(
+    tmp_path: Path, common: int, tolerance: float, ref: dict[int, float]
+) -> None:
+    """The mean loss of the 10 steps up to the common save (both groups back, the mean of their
+    halves) against an unbroken run's (``ref``: step -> loss)."""
     groups = [tensorboard_scalars_all_runs(tmp_path / f"g{i}" / "out") for i in (0, 1)]
     last = range(common - 9, common + 1)
     broken = sum(groups[0][s] + groups[1][s] for s in last) / 20
@@ -176,4 +212,115 @@ def test_a_killed_group_heals_from_the_live_one_which_keeps_training(tmp_path):
     print(
         f"steps {last.start}-{common}: mean loss {broken:.4f} with the kill, {unbroken:.4f} unbroken"
     )
-    assert abs(broken - unbroken) < LOSS_TOLERANCE, (broken, unbroken)
+    assert abs(broken - unbroken) < tolerance, (broken, unbroken)
+
+
+def _outer(method: str, every: int, *extra: str) -> list[str]:
+    return [
+        f"--fault_tolerance.semi_sync_method={method}",
+        f"--fault_tolerance.sync_steps={every}",
+        *extra,
+    ]
+
+
+def _pair(tmp_path: Path, name: str, steps: int, *args: str, interval: int = 1) -> list[dict]:
+    """Two groups of one rank, started together, every quorum waiting for both; their losses
+    (step -> loss)."""
+    with lighthouse(min_replicas=2, join_timeout_ms=30000) as env:
+        procs = [
+            start(
+                tmp_path / name / f"g{i}",
+                *_group_args(tmp_path / name, i, steps, interval),
+                *args,
+                "--training.local_batch_size=4",
+                ngpu=1,
+                OMP_NUM_THREADS="1",  # two processes on this machine's cores
+                **env,
+            )
+            for i in (0, 1)
+        ]
+        try:
+            _finish(procs)
+        finally:
+            kill_all(procs)
+    return [tensorboard_scalars_all_runs(tmp_path / name / f"g{i}" / "out") for i in (0, 1)]
+
+
+@pytest.mark.slow
+def test_diloco_without_outer_momentum_at_lr_1_is_local_sgd(tmp_path):
+    """Semi-synchronous groups meeting every 2 steps: between syncs they train apart (their
+    weights differ after step 3), at a sync they leave with the same weights, bit for bit.
+    DiLoCo's outer step with lr 1 and no momentum moves the synced weights by the mean of the
+    groups' changes, to the mean of their weights: local SGD's average (to rounding)."""
+    steps = 4
+    _pair(tmp_path, "local_sgd", steps, *_outer("local_sgd", 2))
+    _pair(
+        tmp_path,
+        "diloco",
+        steps,
+        *_outer("diloco", 2, "--fault_tolerance.outer_lr=1", "--fault_tolerance.outer_momentum=0"),
+    )
+
+    def w(name, i, step):
+        return _weights(tmp_path / name / "ckpt" / f"replica-{i}" / f"step-{step}")
+
+    for name in ("local_sgd", "diloco"):
+        assert any(
+            not torch.equal(a, b) for a, b in zip(w(name, 0, 3).values(), w(name, 1, 3).values())
+        )
+        for step in (2, 4):
+            a, b = w(name, 0, step), w(name, 1, step)
+            for k in a:
+                assert torch.equal(a[k], b[k]), (name, step, k)
+    a, b = w("local_sgd", 0, steps), w("diloco", 0, steps)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def _diloco_state(tmp_path: Path, i: int, step: int) -> dict[str, dict[str, torch.Tensor]]:
+    """The DiLoCo state a group saved at ``step`` (synced weights, outer momentum)."""
+    out = tmp_path / f"diloco-{i}-{step}.pt"
+    dcp_to_torch_save(str(tmp_path / "ckpt" / f"replica-{i}" / f"step-{step}"), str(out))
+    return torch.load(out, weights_only=False)["diloco"]
+
+
+@pytest.mark.slow
+def test_a_killed_diloco_group_heals_at_the_next_sync(tmp_path):
+    """DiLoCo, syncing every 4 steps, two groups of two ranks: group 1's workers are SIGKILLed
+    at step 8; group 0 trains on alone (its steps keep rising, it is never restarted); group
+    1's torchrun restarts it from its own checkpoint, it takes inner steps to its next sync,
+    and there takes group 0's state (weights, optimizers, DiLoCo's synced weights and outer
+    momentum, step) and skips its share of the steps it missed. At a later sync both groups
+    hold the same weights and DiLoCo state, bit for bit; the outer step between two syncs is
+    Nesterov SGD (lr 0.7, momentum 0.9) on the averaged weight change; the loss is within a
+    documented tolerance of an unbroken run's."""
+    every = 4
+    healed, common, killed_at, (text0, text1) = _kill_and_heal(
+        tmp_path, _outer("diloco", every), every, join_timeout_ms=20000
+    )
+    assert "Loaded training state" not in text0  # group 0 never restarted
+    resumed = re.search(r"Loaded training state from \S+ \(step (\d+)\)", text1)
+    assert resumed and int(resumed[1]) in (4, 8), resumed
+    own, live = int(healed[1]), int(healed[2])
+    assert own == int(resumed[1]) + every and live % every == 0 and live > own, healed[0]
+    assert f"skipped its share of steps {own + 1}-{live} ({live - own} batches" in text1
+    _kept_training(tmp_path, killed_at, healed)
+    _same_weights(tmp_path, common)
+    s0, s1 = _diloco_state(tmp_path, 0, common), _diloco_state(tmp_path, 1, common)
+    before = _diloco_state(tmp_path, 0, common - every)
+    weights = _weights(tmp_path / "ckpt" / "replica-0" / f"step-{common}")
+    lr, mu = 0.7, 0.9
+    for name in weights:
+        for key in ("synced", "momentum"):
+            assert torch.equal(s0[key][name], s1[key][name]), (key, name)
+        assert torch.equal(weights[name], s0["synced"][name]), name
+        # Nesterov SGD: m' = mu m + g; w' = w - lr (g + mu m')
+        g = s0["momentum"][name] - mu * before["momentum"][name]
+        expect = before["synced"][name] - lr * (g + mu * s0["momentum"][name])
+        torch.testing.assert_close(weights[name], expect, rtol=1e-4, atol=1e-6)
+    # the unbroken run: the same two groups (of one rank) syncing every 4 steps, never killed
+    p0, p1 = _pair(
+        tmp_path, "unbroken", common, *CONSTANT_LR, *_outer("diloco", every), interval=common
+    )
+    ref = {s: (p0[s] + p1[s]) / 2 for s in p0}
+    _loss_near_unbroken(tmp_path, common, DILOCO_LOSS_TOLERANCE, ref)

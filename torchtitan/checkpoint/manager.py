@@ -134,7 +134,11 @@ class CheckpointManager:
         hf: HFExchange | None = None,
         run_facts: dict[str, Any] | None = None,
         trainable_only: bool = False,
+        extra_states: dict[str, Any] | None = None,
     ) -> None:
+        """``extra_states``: more objects saved with the training state (``state_dict`` /
+        ``load_state_dict``), each under its name; a checkpoint without one loads without it
+        (the object keeps what it has)."""
         self.cfg = cfg
         # frozen parameters (LoRA's base) come from the initial load, on every start: only the
         # trained ones are saved (see ModelState)
@@ -182,7 +186,9 @@ class CheckpointManager:
             "dataloader": dataloader,
             "train_state": train_state,
             "rng": RNGState(rank),
+            **(extra_states or {}),
         }
+        self.state_keys = STATE_KEYS + tuple(extra_states or {})
 
     # ---- saving
 
@@ -405,7 +411,7 @@ class CheckpointManager:
 
     def _state(self, model_only: bool, cast: bool) -> dict[str, Any]:
         """What a save writes; ``cast``: model weights in ``checkpoint.export_dtype``."""
-        keys = ("model",) if model_only else STATE_KEYS
+        keys = ("model",) if model_only else self.state_keys
         state = {k: self.objects[k].state_dict() for k in keys}
         if cast and self.cfg.export_dtype != "float32":
             dtype = _EXPORT_DTYPES[self.cfg.export_dtype]
@@ -562,7 +568,7 @@ class CheckpointManager:
         """Load ``path`` into this run's objects (``model``: another view of the model's
         state, the frozen parameters of a base model)."""
         objects = self.objects if model is None else {**self.objects, "model": model}
-        keys = ("model",) if model_only else STATE_KEYS
+        keys = ("model",) if model_only else self.state_keys
         keys = tuple(k for k in keys if k not in self.cfg.exclude_from_loading)
         state = {k: objects[k].state_dict() for k in keys}
         error, unreachable, merges, adapter = None, None, [], self._adapter()
@@ -572,6 +578,10 @@ class CheckpointManager:
             if "rng" in state and not any(k.startswith(rng_prefix) for k in available):
                 logger.info(f"{path}: no RNG state for this rank (saved by another world size)")
                 del state["rng"]
+            for k in set(state) - set(STATE_KEYS):
+                if not any(key.startswith(f"{k}.") for key in available):
+                    logger.info(f"{path}: no {k} state (saved without it); {k} starts afresh")
+                    del state[k]
             merges = plan_unfused_load(state, available, adapter)
         except CheckpointError as e:  # no readable metadata: a damaged checkpoint
             error = str(e)

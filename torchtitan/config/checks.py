@@ -223,6 +223,11 @@ def _check_files(cfg: JobConfig) -> None:
 def _check_fault_tolerance(cfg: JobConfig) -> None:
     ft, problems = cfg.fault_tolerance, Problems()
     if not ft.enable:
+        if ft.semi_sync_method is not None:
+            raise ConfigError(
+                f"fault_tolerance.semi_sync_method: {ft.semi_sync_method} is how replica groups "
+                "train together; set fault_tolerance.enable (and group_size) too, or unset it"
+            )
         return
     if ft.group_size < 1:
         problems.add(
@@ -245,17 +250,19 @@ def _check_fault_tolerance(cfg: JobConfig) -> None:
             "dimension with fault_tolerance.enable; use 1 (and data_parallel_shard_degree "
             "inside each group)"
         )
-    # what each group would decide alone, where the groups must act as one
-    if cfg.optimizer.early_step_in_backward:
+    # what each group would decide alone, where the groups must act as one at every step
+    # (semi-synchronous groups take their inner steps alone anyway)
+    if ft.semi_sync_method is None and cfg.optimizer.early_step_in_backward:
         problems.add(
             "optimizer.early_step_in_backward: updates each parameter in the backward, before "
             "the groups average the gradients and commit the step; set it false with "
-            "fault_tolerance.enable"
+            "fault_tolerance.enable (or use fault_tolerance.semi_sync_method)"
         )
-    if cfg.resilience.loss_spike_zscore > 0:
+    if ft.semi_sync_method is None and cfg.resilience.loss_spike_zscore > 0:
         problems.add(
             "resilience.loss_spike_zscore: each replica group would judge its own loss and skip "
-            "updates the others make; set loss_spike_zscore = 0 with fault_tolerance.enable"
+            "updates the others make; set loss_spike_zscore = 0 with fault_tolerance.enable "
+            "(or train the groups semi-synchronously: fault_tolerance.semi_sync_method)"
         )
     problems.raise_if_any()
 

@@ -366,19 +366,11 @@ ALIASES: dict[str, Alias] = {
     "checkpoint.enable_ft_dataloader_checkpoints": _ignored(
         bool, "each replica group saves its whole state (loader included) in replica-N/"
     ),
-    # [fault_tolerance] (torchft): replica groups are built (the section's own keys); the
-    # semi-synchronous methods are not yet
-    "fault_tolerance.semi_sync_method": _refuse(
-        str, ("", "none"), "DiLoCo and local SGD are not built here yet; leave it unset"
+    # [fault_tolerance] (torchft): replica groups and DiLoCo / local SGD are built (the
+    # section's own keys); streaming DiLoCo's overlapped sync is not
+    "fault_tolerance.fragment_sync_delay": _refuse(
+        int, (0,), "the groups' sync is not overlapped with inner steps here; use 0"
     ),
-    **{
-        f"fault_tolerance.{k}": _ignored(tp, "used only with fault_tolerance.semi_sync_method")
-        for k, tp in (
-            ("sync_steps", int),
-            ("fragment_sync_delay", int),
-            ("fragment_update_alpha", float),
-        )
-    },
     "fault_tolerance.should_quantize": _refuse(
         bool, (False,), "quantized collectives between groups are not built here; use false"
     ),

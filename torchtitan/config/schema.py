@@ -572,9 +572,9 @@ class FaultTolerance:
     enable: bool = opt(
         False,
         "Run this job as one replica group of fault_tolerance.group_size with torchft: groups "
-        "average their gradients every step, a group that fails is restarted and heals from a "
-        "live one while the others keep training (docs/reliability.md); needs the lighthouse "
-        "address in TORCHFT_LIGHTHOUSE",
+        "average their gradients every step (or meet every sync_steps: semi_sync_method), a "
+        "group that fails is restarted and heals from a live one while the others keep "
+        "training (docs/reliability.md); needs the lighthouse address in TORCHFT_LIGHTHOUSE",
     )
     replica_id: int = opt(0, "This group's index, 0 .. group_size - 1", ge=0)
     group_size: int = opt(
@@ -591,6 +591,30 @@ class FaultTolerance:
         "How long a collective between groups waits for a group (a dead group's step is "
         "retried without it after this)",
         ge=1,
+    )
+    semi_sync_method: str | None = opt(
+        None,
+        "How the groups train together: every step (unset: gradients averaged each step), "
+        "diloco (each group steps alone; every sync_steps steps the average of their weight "
+        "changes is one outer Nesterov-SGD step) or local_sgd (every sync_steps steps the "
+        "weights are averaged)",
+        choices=("diloco", "local_sgd"),
+    )
+    sync_steps: int = opt(
+        5, "diloco / local_sgd: the groups meet every this many steps (H, the inner steps)", ge=1
+    )
+    outer_lr: float = opt(
+        0.7, "diloco: learning rate of the outer SGD step (the DiLoCo paper's 0.7)", gt=0
+    )
+    outer_momentum: float = opt(
+        0.9, "diloco: Nesterov momentum of the outer step (the DiLoCo paper's 0.9; 0 = none)", ge=0
+    )
+    fragment_update_alpha: float = opt(
+        0.0,
+        "diloco: after the outer step, the weights are (1 - alpha) x the new global weights "
+        "+ alpha x this group's own (0 = the global weights)",
+        ge=0,
+        le=1,
     )
 
 

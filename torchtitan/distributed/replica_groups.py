@@ -17,6 +17,10 @@ job of this library (FSDP, TP, PP inside it, its own torchrun); between the grou
 What is sent is registered by the trainer (:meth:`ReplicaGroups.register`): the model, the
 optimizer, the LR schedule and the step counters, as this rank's local tensors
 (:func:`local_state`), put back into the same sharding on arrival (:func:`into_place`).
+
+With ``fault_tolerance.semi_sync_method`` (DiLoCo, local SGD) the groups meet only every
+``sync_steps`` steps instead (:mod:`torchtitan.distributed.outer_sync`, kept in
+:attr:`ReplicaGroups.outer`), through the same quorum, average and commit.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import socket
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -33,6 +37,9 @@ from torch.distributed.tensor import DTensor
 from torchtitan.config.schema import FaultTolerance
 from torchtitan.errors import ConfigError, TorchTitanError
 from torchtitan.observability.log import logger
+
+if TYPE_CHECKING:
+    from torchtitan.distributed.outer_sync import OuterSync
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
@@ -107,30 +114,42 @@ class ReplicaGroups:
             init_sync=init_sync,
         )
         self.gpu_collectives = cfg.process_group == "nccl"
-        self.retried = 0  # steps this group made that were not committed
-        self.in_a_row = 0  # of them, since the last committed step
+        self.retried = 0  # steps (or syncs) this group made that were not committed
+        self.in_a_row = 0  # of them, since the last committed one
+        # semi_sync_method: the groups meet every sync_steps steps (set by the trainer)
+        self.outer: OuterSync | None = None
 
     def register(self, name: str, state: Callable[[], Any], load: Callable[[Any], None]) -> None:
         """``name``'s state, sent to a group that heals (``state()``, this rank's tensors) and
         taken from a live group (``load(received)``)."""
         self.manager.register_state_dict_fn(name, load, state)
 
-    def start_step(self) -> None:
-        """The quorum of this step; a group behind the live ones takes their state here."""
+    def quorum(self, progress: int) -> None:
+        """The live groups' quorum. ``progress`` is how far this group is (its steps; with
+        semi_sync_method its syncs): a group behind the others takes their state here."""
+        state = {"step": progress, "batches_committed": self.manager.batches_committed()}
+        self.manager.load_state_dict(state)
         _one_line(self.cfg, "no quorum of the replica groups", self.manager.start_quorum)()
 
     def average_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Each parameter's gradient (this rank's local shard) averaged over the groups that
-        take part in the step: one all-reduce per dtype, of the gradients laid end to end."""
+        take part in the step."""
         # a parameter without a gradient (no token reached it) sends zeros, so that every group's
         # buffer holds the same parameters; its gradient stays None
-        grads = [
-            _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p))
-            for p in params
-            if p.requires_grad
-        ]
-        for dtype in sorted({g.dtype for g in grads}, key=str):
-            same = [g for g in grads if g.dtype == dtype]
+        self.average(
+            [
+                _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p))
+                for p in params
+                if p.requires_grad
+            ]
+        )
+
+    def average(self, tensors: list[torch.Tensor]) -> None:
+        """In place: each tensor averaged over the groups of this quorum, one all-reduce per
+        dtype of the tensors laid end to end; zeros when a group failed during it (the step
+        is then not committed)."""
+        for dtype in sorted({t.dtype for t in tensors}, key=str):
+            same = [t for t in tensors if t.dtype == dtype]
             flat = torch.cat([g.reshape(-1) for g in same])
             on_cpu = not self.gpu_collectives and flat.device.type != "cpu"
             buffer = flat.cpu() if on_cpu else flat
@@ -144,8 +163,12 @@ class ReplicaGroups:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
 
-    def commit(self) -> bool:
-        """Whether every group of the step voted to commit it; False: the step is retried."""
+    def commit(
+        self, what: str = "step", lost: str = "retrying it with the groups that are left"
+    ) -> bool:
+        """Whether every group of the quorum voted to commit ``what``; False: ``lost`` says
+        what happens instead (a step is retried; a semi-synchronous sync drops its inner
+        steps)."""
         committed = self.manager.should_commit()
         if committed:
             self.in_a_row = 0
@@ -154,21 +177,21 @@ class ReplicaGroups:
         self.in_a_row += 1
         if self.in_a_row >= MAX_RETRIES:
             raise ReplicaGroupError(
-                f"replica group {self.cfg.replica_id}: {self.in_a_row} steps in a row were not "
-                f"committed ({_first_line(self.manager.errored())}); check that "
+                f"replica group {self.cfg.replica_id}: {self.in_a_row} {what}s in a row were "
+                f"not committed ({_first_line(self.manager.errored())}); check that "
                 f"fault_tolerance.min_replica_size ({self.cfg.min_replica_size}) groups are up, "
                 f"the lighthouse ({os.environ.get(LIGHTHOUSE_ENV)}) and the network between groups"
             )
         logger.warning(
-            f"replica group {self.cfg.replica_id}: step not committed (a group failed during "
-            "it); retrying it with the groups that are left"
+            f"replica group {self.cfg.replica_id}: {what} not committed (a group failed during "
+            f"it); {lost}"
         )
         return False
 
     @property
     def participants(self) -> int:
-        """How many groups took part in this step."""
-        return self.manager.num_participants()
+        """How many groups took part in the last quorum (all of them before the first)."""
+        return self.manager.num_participants() or self.cfg.group_size
 
     def shutdown(self) -> None:
         self.manager.shutdown(wait=False)

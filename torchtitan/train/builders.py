@@ -26,6 +26,7 @@ from torchtitan.data import tokenizer as tokenizers
 from torchtitan.data.hf_tokenizer import write_tokenizer_files
 from torchtitan.data.loader import DataSpec, build_hf_dataloader
 from torchtitan.distributed import utils as dist_utils
+from torchtitan.distributed.outer_sync import OuterSync
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.distributed.parallelize import parallelize_decoder
 from torchtitan.distributed.param_init import layout_invariant_init
@@ -51,9 +52,11 @@ from torchtitan.optim.param_groups import check_and_log
 from torchtitan.quantization.float8 import apply_converters, tensorwise_tp
 from torchtitan.remote import join
 from torchtitan.train import runtime
+from torchtitan.train.downstream import DownstreamEvaluator
 from torchtitan.train.loss import build_loss_fn
 from torchtitan.train.plan import JobPlan, check_vocab, plan_job
 from torchtitan.train.step import StepRunner
+from torchtitan.train.validation import Validator
 
 
 @dataclass
@@ -309,6 +312,21 @@ def build_step_runner(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> 
     )
 
 
+def build_evaluators(
+    job_config: JobConfig, runner: StepRunner, val_loader: Any, tokenizer: Any
+) -> tuple[Validator | None, DownstreamEvaluator | None]:
+    """The validation pass (when ``validation.enable`` built a loader) and the downstream tasks
+    (``eval.enable``: the task files are read and tokenized now, so a malformed one stops the
+    run before training)."""
+    validator = Validator(job_config, dataloader=val_loader, runner=runner) if val_loader else None
+    evaluator = (
+        DownstreamEvaluator(job_config, runner=runner, tokenizer=tokenizer)
+        if job_config.eval.enable
+        else None
+    )
+    return validator, evaluator
+
+
 def build_optimizer(job_config: JobConfig, rt: Runtime, model: BuiltModel) -> tuple[Any, Any]:
     """The optimizer over this rank's parts and its learning-rate schedule."""
     optimizer = optimizers.build_optimizer(model.parts, job_config.optimizer)
@@ -346,10 +364,11 @@ def build_checkpointer(
     dataloader: Any,
     train_state: TrainState,
     tokenizer: Any,
+    replicas: ReplicaGroups | None = None,
 ) -> CheckpointManager:
     """The checkpoint manager over everything a resume needs, with the family's Hugging Face
     adapter from its model spec. A replica group (fault_tolerance) keeps its own checkpoints in
-    ``replica-N`` of the folder: its data position is its own."""
+    ``replica-N`` of the folder (its data position is its own), with DiLoCo's state."""
     cfg = job_config.checkpoint
     if job_config.fault_tolerance.enable:
         cfg = dataclasses.replace(
@@ -377,6 +396,11 @@ def build_checkpointer(
             adapters=lora_export(job_config),
         ),
         trainable_only=job_config.lora.enable,
+        extra_states=(
+            {"diloco": replicas.outer}
+            if replicas is not None and replicas.outer and replicas.outer.method == "diloco"
+            else None
+        ),
         run_facts=run_facts(
             global_batch_size=rt.plan.global_batch_size,
             local_batch_size=job_config.training.local_batch_size,
@@ -418,26 +442,23 @@ def build_replica_groups(
     job_config: JobConfig,
     rt: Runtime,
     model: BuiltModel,
-    *,
     optimizer: Any,
     lr_scheduler: Any,
     train_state: TrainState,
 ) -> ReplicaGroups | None:
     """``fault_tolerance.enable``: torchft's manager of this replica group, with what a group
     that heals takes from a live one (the model, optimizer, schedule and step counters, as this
-    rank's local tensors); None otherwise. The data position is not sent: each group reads its
-    own part of the batch."""
-    if not job_config.fault_tolerance.enable:
+    rank's local tensors; with DiLoCo its synced weights and outer momentum too); None
+    otherwise. The data position is not sent: each group reads its own part of the batch."""
+    ft = job_config.fault_tolerance
+    if not ft.enable:
         return None
     groups = ReplicaGroups(
-        job_config.fault_tolerance,
+        ft,
         rank=rt.rank,
         world_size=rt.world_size,
         init_sync=job_config.debug.seed is None,  # seeded: every group initializes alike
     )
-    # torchft's step is the training step: a group behind the live ones (restarted from an
-    # older checkpoint, or fresh) heals from them at its first quorum
-    groups.manager.load_state_dict({"step": train_state.step, "batches_committed": 0})
     weights = ModelState(model.parts)
     for name, obj in (
         ("model", weights),
@@ -450,10 +471,15 @@ def build_replica_groups(
             lambda obj=obj: local_state(obj.state_dict()),
             lambda received, obj=obj: obj.load_state_dict(into_place(obj.state_dict(), received)),
         )
+    how = "every step"
+    if ft.semi_sync_method is not None:
+        groups.outer = OuterSync(groups, model.parts, ft)
+        if ft.semi_sync_method == "diloco":
+            groups.register("diloco", groups.outer.heal_state, groups.outer.heal_load)
+        how = f"{ft.semi_sync_method}, meeting every {ft.sync_steps} steps"
     logger.info(
-        f"Replica group {job_config.fault_tolerance.replica_id} of "
-        f"{job_config.fault_tolerance.group_size} (torchft, lighthouse "
-        f"{os.environ.get(LIGHTHOUSE_ENV)}): its share of the global batch is "
+        f"Replica group {ft.replica_id} of {ft.group_size} (torchft, lighthouse "
+        f"{os.environ.get(LIGHTHOUSE_ENV)}; {how}): its share of the global batch is "
         f"{rt.plan.global_batch_size // rt.plan.groups} of {rt.plan.global_batch_size} sequences"
     )
     return groups

@@ -167,6 +167,8 @@ class Loop:
             self._run_steps(data_iter, startup, first)
         finally:
             self._began = (*self._began[:3], time.perf_counter())
+            if self.replicas is not None:  # this group leaves the quorums
+                self.replicas.shutdown()
 
     def _run_steps(self, data_iter: Any, startup: runtime.StartupTimer | None, first: int) -> None:
         t = self.job_config.training
@@ -197,6 +199,7 @@ class Loop:
                     for hook in hooks:
                         hook.after_step(step)
                     continue
+                step = self.outer_sync(data_iter, step)
                 if self.metrics.should_log(step) or step == t.steps:  # the last step always
                     self.log(step, loss, grad_norm, lr)
                 for hook in hooks:
@@ -292,8 +295,8 @@ class Loop:
             self.metrics.ntokens_since_last_log += n
             self._attempt_tokens += n
             loss += self.runner.forward_backward(batch, divisor)
-        if self.replicas is not None:
-            self.replicas.average_gradients(self.params)
+        if self.in_step is not None:
+            self.in_step.average_gradients(self.params)
         max_norm = self.job_config.training.max_norm
         return loss, dist_utils.clip_grad_norm_(
             self.params, max_norm, pp_group=self.rt.dims.pp_group
@@ -306,7 +309,7 @@ class Loop:
         the step is retried); a group that healed in it has taken the live groups' state, and
         updates as they do."""
         self.checkpointer.wait_for_staging()
-        if self.replicas is not None and not self.replicas.commit():
+        if self.in_step is not None and not self.in_step.commit():
             return None
         lr = self.learning_rates()
         if not skip:
@@ -322,16 +325,36 @@ class Loop:
         self.train_state.ntokens_seen += tokens
         return lr
 
+    @property
+    def in_step(self) -> ReplicaGroups | None:
+        """The replica groups when they train in step (a quorum, gradients averaged and a
+        commit vote every step); None without groups, or when they meet every sync_steps."""
+        return self.replicas if self.replicas is not None and self.replicas.outer is None else None
+
     def start_step(self, data_iter: Any, step: int) -> int:
-        """The step about to be trained: ``step``, or with replica groups, after the quorum, the
-        live groups' next step when this group was behind them and has just taken their state
-        (its data reader then skips its share of the steps it missed)."""
-        if self.replicas is None:
+        """The step about to be trained: ``step``, or with replica groups in step, after the
+        quorum, the live groups' next step when this group was behind them and has just taken
+        their state (its data reader then skips its share of the steps it missed)."""
+        if self.replicas is not None and self.replicas.outer is not None:
+            self.replicas.outer.begin()  # semi-synchronous: the groups meet after the step
+        if self.in_step is None:
             return step
-        self.replicas.start_step()
+        self.in_step.quorum(self.train_state.step)  # torchft's step is the training step
         if self.train_state.step + 1 != step:
             self.catch_up(data_iter, step - 1, self.train_state.step)
         return self.train_state.step + 1
+
+    def outer_sync(self, data_iter: Any, step: int) -> int:
+        """Semi-synchronous replica groups (DiLoCo, local SGD) meet after every sync_steps-th
+        step; a group behind the live ones takes their state there and goes on from their
+        step (its reader skipping its share of the steps it missed). The step trained to."""
+        outer = None if self.replicas is None else self.replicas.outer
+        if outer is None or not outer.due(step):
+            return step
+        outer.sync(step)
+        if self.train_state.step != step:
+            self.catch_up(data_iter, step, self.train_state.step)
+        return self.train_state.step
 
     def forget_attempt(self) -> None:
         """A step that was not committed: its tokens, data wait and loss are not the run's."""

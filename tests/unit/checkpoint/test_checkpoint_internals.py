@@ -463,7 +463,9 @@ class _Stateful:
         self.resets += 1
 
 
-def _manager(tmp_path: Path, value: float, **checkpoint) -> tuple[CheckpointManager, nn.Module]:
+def _manager(
+    tmp_path: Path, value: float, extra: dict | None = None, **checkpoint
+) -> tuple[CheckpointManager, nn.Module]:
     cfg = JobConfig()
     cfg.job.dump_folder = str(tmp_path)
     cfg.checkpoint.enable = True
@@ -485,6 +487,7 @@ def _manager(tmp_path: Path, value: float, **checkpoint) -> tuple[CheckpointMana
         train_state=TrainState(),
         rank=0,
         world_size=1,
+        extra_states=extra,
     )
     return manager, model
 
@@ -515,6 +518,22 @@ def test_manager_saves_marks_and_keeps_the_newest_k(tmp_path, log_lines):
         log_lines
     )
     assert manager.newest_complete() == str(folder / "step-15")
+
+
+def test_extra_states_are_saved_and_a_checkpoint_without_them_still_loads(tmp_path, log_lines):
+    """What a feature adds to the training state (DiLoCo's) is saved under its name; resuming a
+    checkpoint written without it loads the rest and leaves it as it was."""
+    saver, model = _manager(tmp_path / "a", 0.0, extra={"diloco": _Stateful(3.0)})
+    _save(saver, model, 5)
+    loader, _ = _manager(tmp_path / "a", 0.0, extra={"diloco": _Stateful(0.0)})
+    assert loader.load() and loader.objects["diloco"].value.item() == 3.0
+    plain, model = _manager(tmp_path / "b", 0.0)
+    _save(plain, model, 5)
+    loader, _ = _manager(tmp_path / "b", 0.0, extra={"diloco": _Stateful(1.0)})
+    assert loader.load() and loader.train_state.step == 5
+    assert loader.objects["diloco"].value.item() == 1.0
+    folder = tmp_path / "b" / "checkpoint" / "step-5"
+    assert f"INFO {folder}: no diloco state (saved without it); diloco starts afresh" in log_lines
 
 
 def test_manager_resumes_from_the_newest_that_loads(tmp_path, log_lines):

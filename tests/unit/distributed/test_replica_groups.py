@@ -46,11 +46,72 @@ def test_replica_group_settings_are_checked(args, message):
         parse_args([*FT, *args])
 
 
-def test_upstream_semi_sync_keys_are_refused_until_built():
-    with pytest.raises(ConfigError, match="DiLoCo and local SGD are not built here yet"):
-        parse_args(
-            [*FT, "--fault_tolerance.group_size=2", "--fault_tolerance.semi_sync_method=diloco"]
-        )
+SEMI = [*FT, "--fault_tolerance.group_size=2"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--fault_tolerance.semi_sync_method=diloco"],
+            "fault_tolerance.semi_sync_method: diloco is how replica groups train together; "
+            "set fault_tolerance.enable",
+        ),
+        (
+            [*SEMI, "--fault_tolerance.semi_sync_method=DiLoCo2"],
+            "fault_tolerance.semi_sync_method: 'DiLoCo2' is not one of: diloco, local_sgd",
+        ),
+        (
+            [*SEMI, "--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.sync_steps=0"],
+            "fault_tolerance.sync_steps: 0 must be >= 1",
+        ),
+        (
+            [*SEMI, "--fault_tolerance.semi_sync_method=diloco", "--fault_tolerance.outer_lr=0"],
+            "fault_tolerance.outer_lr: 0.0 must be > 0",
+        ),
+        (
+            [*SEMI, "--fault_tolerance.fragment_update_alpha=1.5"],
+            "fault_tolerance.fragment_update_alpha: 1.5 must be <= 1",
+        ),
+        (
+            [*SEMI, "--fault_tolerance.fragment_sync_delay=2"],
+            "fault_tolerance.fragment_sync_delay.*not overlapped with inner steps here; use 0",
+        ),
+    ],
+)
+def test_semi_synchronous_settings_are_checked(args, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_args(args)
+
+
+def test_semi_synchronous_groups_may_step_in_backward_and_guard_spikes():
+    """Inner steps are each group's own: what would part every-step groups is allowed."""
+    cfg = parse_args(
+        [
+            *SEMI,
+            "--fault_tolerance.semi_sync_method=local_sgd",
+            "--optimizer.early_step_in_backward",
+            "--resilience.loss_spike_zscore=4",
+        ]
+    )
+    assert cfg.fault_tolerance.semi_sync_method == "local_sgd"
+
+
+def test_upstream_diloco_section_is_read(tmp_path):
+    """An upstream [fault_tolerance] section for DiLoCo, as written there."""
+    toml = tmp_path / "ft.toml"
+    toml.write_text(
+        "[fault_tolerance]\nenable = true\ngroup_size = 2\nreplica_id = 1\n"
+        'semi_sync_method = "diloco"\nsync_steps = 20\nshould_quantize = false\n'
+        "fragment_sync_delay = 0\nfragment_update_alpha = 0.0\n"
+    )
+    ft = parse_args(["--job.config_file", str(toml)]).fault_tolerance
+    assert (ft.semi_sync_method, ft.sync_steps, ft.outer_lr, ft.outer_momentum) == (
+        "diloco",
+        20,
+        0.7,
+        0.9,
+    )
 
 
 def test_a_group_needs_the_lighthouse_address(monkeypatch):
