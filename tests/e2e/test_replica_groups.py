@@ -223,9 +223,11 @@ def _outer(method: str, every: int, *extra: str) -> list[str]:
     ]
 
 
-def _pair(tmp_path: Path, name: str, steps: int, *args: str, interval: int = 1) -> list[dict]:
-    """Two groups of one rank, started together, every quorum waiting for both; their losses
-    (step -> loss)."""
+def _pair(
+    tmp_path: Path, name: str, steps: int, *args: str, interval: int = 1, own=((), ())
+) -> list[dict]:
+    """Two groups of one rank, started together, every quorum waiting for both (``own``: each
+    group's own arguments); their losses (step -> loss)."""
     with lighthouse(min_replicas=2, join_timeout_ms=30000) as env:
         procs = [
             start(
@@ -233,6 +235,7 @@ def _pair(tmp_path: Path, name: str, steps: int, *args: str, interval: int = 1) 
                 *_group_args(tmp_path / name, i, steps, interval),
                 *args,
                 "--training.local_batch_size=4",
+                *own[i],
                 ngpu=1,
                 OMP_NUM_THREADS="1",  # two processes on this machine's cores
                 **env,
@@ -324,3 +327,21 @@ def test_a_killed_diloco_group_heals_at_the_next_sync(tmp_path):
     )
     ref = {s: (p0[s] + p1[s]) / 2 for s in p0}
     _loss_near_unbroken(tmp_path, common, DILOCO_LOSS_TOLERANCE, ref)
+
+
+@pytest.mark.slow
+def test_diloco_groups_that_start_apart_take_the_first_groups_weights(tmp_path):
+    """Two DiLoCo groups initialized from different seeds (as without debug.seed) meet after
+    step 2 holding different synced weights: the fingerprint tells them apart, group 1 takes
+    group 0's state, is left out of the average, and from then on both hold the same weights."""
+    _pair(tmp_path, "apart", 4, *_outer("diloco", 2), own=((), ("--debug.seed=7",)))
+
+    def w(i, step):
+        return _weights(tmp_path / "apart" / "ckpt" / f"replica-{i}" / f"step-{step}")
+
+    assert any(not torch.equal(a, b) for a, b in zip(w(0, 1).values(), w(1, 1).values()))
+    for step in (2, 3, 4):
+        a, b = w(0, step), w(1, step)
+        assert all(torch.equal(a[k], b[k]) for k in a) == (step != 3), step
+    log = (tmp_path / "apart" / "g1" / "out" / "logs" / "rank_0.log").read_text()
+    assert "group(s) [1] hold other synced weights than group 0; they take its state" in log

@@ -592,6 +592,13 @@ class FaultTolerance:
         "retried without it after this)",
         ge=1,
     )
+    quorum_timeout_ms: int = opt(
+        0,
+        "How long a group waits for the others at a quorum before it stops; 0: 60 s for groups "
+        "in step, 30 min with semi_sync_method (longer than sync_steps steps plus the "
+        "lighthouse's --join_timeout_ms)",
+        ge=0,
+    )
     semi_sync_method: str | None = opt(
         None,
         "How the groups train together: every step (unset: gradients averaged each step), "

@@ -10,10 +10,15 @@ quorum, average, commit vote) at the steps that are multiples of ``sync_steps``:
   the result is every group's new weights (``fragment_update_alpha`` mixes a share of the
   group's own back in, as torchft's streaming DiLoCo does).
 
-A sync that a group's death breaks is not committed: every group goes back to the weights of
-the last sync, and the inner steps since are lost (the step count goes on). A group behind the
-others (restarted) takes the live groups' state at its first sync, DiLoCo's synced weights and
-outer momentum included, and all leave the sync with the same weights, bit for bit.
+The groups also sync after the last step, so that they end together. A sync that a group's
+death breaks is not committed: with DiLoCo every group goes back to the synced weights of the
+last sync, and the inner steps since are lost (the step count goes on); with local SGD each
+keeps its own. A group behind the others (restarted) takes the live groups' state at its first
+sync, DiLoCo's synced weights and outer momentum included, and is left out of that sync's
+average (it would count its source twice); all leave the sync with the same weights, bit for
+bit (with ``fragment_update_alpha`` 0). DiLoCo's groups also compare a fingerprint of their
+synced weights at every sync: those that differ (started from other weights, or a sync one of
+them made alone) take the lowest-numbered group's state.
 
 DiLoCo's state (the synced weights and the outer momentum, this rank's shards) is saved in the
 checkpoints, so a group resumes a save from between two syncs exactly; a run that starts from
@@ -30,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
@@ -46,8 +52,10 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class OuterSync:
     """The sync of semi-synchronous replica groups, every ``cfg.sync_steps`` steps."""
 
-    def __init__(self, groups: ReplicaGroups, parts: list[nn.Module], cfg: FaultTolerance) -> None:
-        self.groups, self.cfg = groups, cfg
+    def __init__(
+        self, groups: ReplicaGroups, parts: list[nn.Module], cfg: FaultTolerance, total_steps: int
+    ) -> None:
+        self.groups, self.cfg, self.total_steps = groups, cfg, total_steps
         self.method, self.every = cfg.semi_sync_method, cfg.sync_steps
         self.params = [
             (canonical_name(name), p)
@@ -64,11 +72,13 @@ class OuterSync:
         if self.method == "diloco":
             self._adopt([_local(p).detach().clone() for _, p in self.params])
         self.syncs = 0  # syncs committed by this run
+        self.healed = False  # this group took another's state in this sync
 
     # ---- the schedule
 
     def due(self, step: int) -> bool:
-        return step % self.every == 0
+        """After every sync_steps-th step, and after the last (the groups end together)."""
+        return step % self.every == 0 or step == self.total_steps
 
     def begin(self) -> None:
         """Before a step: without DiLoCo state from a checkpoint, the weights now are the
@@ -83,8 +93,11 @@ class OuterSync:
     def sync(self, step: int) -> bool:
         """The groups meet after ``step``: the quorum (where a group behind takes the live
         groups' state), then the average and the vote; whether it was committed."""
-        self.groups.quorum(step // self.every - 1)  # syncs before this one
+        progress = (step - 1) // self.every  # syncs before this one
+        self.healed = False
+        self.groups.quorum(progress)
         if self.method == "diloco":
+            self._same_synced_weights(progress)
             committed = self._diloco()
         else:
             committed = self._local_sgd()
@@ -97,14 +110,50 @@ class OuterSync:
                 )
         return committed
 
+    def _same_synced_weights(self, progress: int) -> None:
+        """DiLoCo's groups must apply the outer step to the same synced weights. Groups that
+        meet holding different ones (started from different weights, without debug.seed; or
+        one made a sync alone, the others too late for the lighthouse) are told apart by a
+        fingerprint of them, and those that differ from the lowest-numbered group's take its
+        state in a second quorum, as a group behind would."""
+        fingerprint = torch.zeros((), dtype=torch.float64)
+        for i, s in enumerate(self.synced):
+            fingerprint += (i + 1) * s.double().sum().cpu()
+        table = self.groups.by_group(
+            torch.stack([torch.ones((), dtype=torch.float64), fingerprint])
+        )
+        present = table[:, 0] > 0
+        if not present.any():  # a group failed during it: the sync will not be committed
+            return
+        reference = table[present][0, 1]
+        off = (present & (table[:, 1] != reference)).to(torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:  # a group differs on any rank
+            device = _local(self.params[0][1]).device if self.params else torch.device("cpu")
+            off_here = off.to(device)
+            dist.all_reduce(off_here, op=dist.ReduceOp.MAX)
+            off = off_here.cpu()
+        if not off.any():
+            return
+        groups = [i for i in range(len(off)) if off[i] > 0]
+        logger.warning(
+            f"replica groups: group(s) {groups} hold other synced weights than group "
+            f"{int(present.nonzero()[0])}; they take its state"
+        )
+        self.groups.quorum(progress - 1 if off[self.cfg.replica_id] > 0 else progress)
+
     def _lost(self) -> str:
         return (
             f"the groups' last {self.every} steps are dropped, back to the weights of the last sync"
         )
 
+    def _weight(self) -> float:
+        """A group that took another's state in this sync holds its weights and weight
+        changes: counting them again would count that group twice."""
+        return 0.0 if self.healed else 1.0
+
     def _local_sgd(self) -> bool:
         mean = [_local(p).detach().clone() for _, p in self.params]
-        self.groups.average(mean)
+        self.groups.average(mean, self._weight())
         if not self.groups.commit("sync", "each group keeps its own weights until the next one"):
             return False
         with torch.no_grad():
@@ -116,7 +165,7 @@ class OuterSync:
         assert self.outer is not None
         own = [_local(p).detach() for _, p in self.params]
         pseudo = [s - o for s, o in zip(self.synced, own)]
-        self.groups.average(pseudo)
+        self.groups.average(pseudo, self._weight())
         committed = self.groups.commit("sync", self._lost())
         alpha = self.cfg.fragment_update_alpha
         with torch.no_grad():
@@ -155,6 +204,7 @@ class OuterSync:
         return local_state({"synced": self.synced, "momentum": self._momentum()})
 
     def heal_load(self, received: dict[str, Any]) -> None:
+        self.healed = True
         with torch.no_grad():
             for key, mine in (("synced", self.synced), ("momentum", self._momentum())):
                 for t, theirs in zip(mine, received[key]):
@@ -164,7 +214,6 @@ class OuterSync:
     # ---- in checkpoints: each tensor in its parameter's sharding (DCP writes whole tensors)
 
     def state_dict(self) -> dict[str, Any]:
-        # provisional: the weights it was built with (a seed checkpoint's are right)
         return {"synced": self._global(self.synced), "momentum": self._global(self._momentum())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

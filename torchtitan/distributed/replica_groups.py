@@ -32,6 +32,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed import ReduceOp
 from torch.distributed.tensor import DTensor
 
 from torchtitan.config.schema import FaultTolerance
@@ -80,6 +81,15 @@ def check_environment(cfg: FaultTolerance, device_type: str = "cpu") -> None:
         )
 
 
+def quorum_timeout_ms(cfg: FaultTolerance) -> int:
+    """How long a group waits for its quorum: ``quorum_timeout_ms``, or by default 60 s for
+    groups in step and 30 min for semi-synchronous ones (which wait at a sync for the others'
+    inner steps, and a restarted group for theirs to its first sync)."""
+    if cfg.quorum_timeout_ms:
+        return cfg.quorum_timeout_ms
+    return 60_000 if cfg.semi_sync_method is None else 1_800_000
+
+
 class ReplicaGroups:
     """torchft's Manager for this rank of replica group ``cfg.replica_id``."""
 
@@ -109,6 +119,7 @@ class ReplicaGroups:
             store_port=port,
             replica_id=f"torchtitan_ft_{cfg.replica_id}",
             timeout=max(timeout, timedelta(seconds=60)),
+            quorum_timeout=timedelta(milliseconds=quorum_timeout_ms(cfg)),
             # groups that start together take the first one's weights, unless a seed made
             # them equal already (a group that starts behind always heals)
             init_sync=init_sync,
@@ -144,24 +155,49 @@ class ReplicaGroups:
             ]
         )
 
-    def average(self, tensors: list[torch.Tensor]) -> None:
+    def average(self, tensors: list[torch.Tensor], weight: float | None = None) -> None:
         """In place: each tensor averaged over the groups of this quorum, one all-reduce per
         dtype of the tensors laid end to end; zeros when a group failed during it (the step
-        is then not committed)."""
+        is then not committed). ``weight``: this group's share of a weighted mean (0: it is
+        left out, its tensors are not counted); None: every group counts once."""
+        total = None if weight is None else self.sum_over_groups(torch.tensor([float(weight)]))
         for dtype in sorted({t.dtype for t in tensors}, key=str):
             same = [t for t in tensors if t.dtype == dtype]
             flat = torch.cat([g.reshape(-1) for g in same])
             on_cpu = not self.gpu_collectives and flat.device.type != "cpu"
             buffer = flat.cpu() if on_cpu else flat
-            self.manager.allreduce(buffer).wait()
-            if self.manager.errored() is not None:  # a group failed: the step is not committed
-                buffer.zero_()
+            if total is None:
+                self.manager.allreduce(buffer).wait()
+            elif float(total[0]) > 0:
+                buffer.mul_(weight)
+                self.manager.allreduce(buffer, reduce_op=ReduceOp.SUM).wait()
+                buffer.div_(float(total[0]))
+            if self.manager.errored() is not None or (total is not None and total[0] <= 0):
+                buffer.zero_()  # a group failed: the step is not committed
             if on_cpu:
                 flat.copy_(buffer)
             offset = 0
             for g in same:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
+
+    def sum_over_groups(self, t: torch.Tensor) -> torch.Tensor:
+        """A small CPU tensor summed over the groups of this quorum (zeros when a group failed
+        during it)."""
+        buffer = t.double()
+        if self.gpu_collectives:
+            buffer = buffer.cuda()
+        self.manager.allreduce(buffer, reduce_op=ReduceOp.SUM).wait()
+        if self.manager.errored() is not None:
+            buffer.zero_()
+        return buffer.cpu()
+
+    def by_group(self, row: torch.Tensor) -> torch.Tensor:
+        """Every group's ``row`` (a small CPU tensor) of this quorum, as a table indexed by
+        replica id: absent groups' rows are zeros."""
+        table = torch.zeros(self.cfg.group_size, row.numel(), dtype=torch.float64)
+        table[self.cfg.replica_id] = row.double().reshape(-1)
+        return self.sum_over_groups(table)
 
     def commit(
         self, what: str = "step", lost: str = "retrying it with the groups that are left"

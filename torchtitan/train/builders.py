@@ -451,13 +451,16 @@ def build_replica_groups(
     rank's local tensors; with DiLoCo its synced weights and outer momentum too); None
     otherwise. The data position is not sent: each group reads its own part of the batch."""
     ft = job_config.fault_tolerance
-    if not ft.enable:
+    if not ft.enable or job_config.checkpoint.create_seed_checkpoint:
         return None
     groups = ReplicaGroups(
         ft,
         rank=rt.rank,
         world_size=rt.world_size,
-        init_sync=job_config.debug.seed is None,  # seeded: every group initializes alike
+        # seeded: every group initializes alike. Semi-synchronous groups meet first after
+        # their inner steps, where torchft's step-0 sync would stitch each rank's shard from
+        # another group: their first sync compares the synced weights instead
+        init_sync=job_config.debug.seed is None and ft.semi_sync_method is None,
     )
     weights = ModelState(model.parts)
     for name, obj in (
@@ -473,9 +476,8 @@ def build_replica_groups(
         )
     how = "every step"
     if ft.semi_sync_method is not None:
-        groups.outer = OuterSync(groups, model.parts, ft)
-        if ft.semi_sync_method == "diloco":
-            groups.register("diloco", groups.outer.heal_state, groups.outer.heal_load)
+        groups.outer = OuterSync(groups, model.parts, ft, job_config.training.steps)
+        groups.register("outer_sync", groups.outer.heal_state, groups.outer.heal_load)
         how = f"{ft.semi_sync_method}, meeting every {ft.sync_steps} steps"
     logger.info(
         f"Replica group {ft.replica_id} of {ft.group_size} (torchft, lighthouse "

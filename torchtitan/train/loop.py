@@ -158,12 +158,12 @@ class Loop:
 
     def run(self, data_iter: Any, startup: runtime.StartupTimer | None) -> None:
         t, first = self.job_config.training, self.train_state.step + 1
-        if first > t.steps:
-            logger.info(f"Already trained to step {first - 1} of {t.steps}: nothing to do")
-            return
         self._began = (first, self.train_state.ntokens_seen, time.perf_counter(), 0.0)
-        self.metrics.begin()
         try:
+            if first > t.steps:
+                logger.info(f"Already trained to step {first - 1} of {t.steps}: nothing to do")
+                return
+            self.metrics.begin()
             self._run_steps(data_iter, startup, first)
         finally:
             self._began = (*self._began[:3], time.perf_counter())
@@ -352,6 +352,10 @@ class Loop:
         if outer is None or not outer.due(step):
             return step
         outer.sync(step)
+        # the weights changed outside the optimizer: float8's precomputed scales follow them
+        float8.after_optimizer_step(
+            self.parts, self.job_config.model.converters, self.job_config.float8
+        )
         if self.train_state.step != step:
             self.catch_up(data_iter, step, self.train_state.step)
         return self.train_state.step

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from torchtitan.config.parse import parse_args
-from torchtitan.distributed.replica_groups import check_environment, into_place, local_state
+from torchtitan.distributed.replica_groups import (
+    check_environment,
+    into_place,
+    local_state,
+    quorum_timeout_ms,
+)
 from torchtitan.errors import ConfigError
 
 FT = ["--fault_tolerance.enable"]
@@ -166,3 +171,14 @@ def test_state_sent_to_a_healing_group_is_put_back_in_its_form():
     placed = into_place(current, sent)
     assert torch.equal(placed["w"], torch.ones(2, 3)) and placed["step"] == 9
     assert placed["nested"]["b"].dtype == torch.bfloat16  # the receiver's dtype and device
+
+
+def test_semi_synchronous_groups_wait_longer_for_their_quorum():
+    """Groups in step meet every step; semi-synchronous ones wait at a sync for the others'
+    inner steps (a restarted one for all of them): a longer default, and the key wins."""
+    base = [*SEMI]
+    assert quorum_timeout_ms(parse_args(base).fault_tolerance) == 60_000
+    semi = [*base, "--fault_tolerance.semi_sync_method=diloco"]
+    assert quorum_timeout_ms(parse_args(semi).fault_tolerance) == 1_800_000
+    given = [*semi, "--fault_tolerance.quorum_timeout_ms=5000"]
+    assert quorum_timeout_ms(parse_args(given).fault_tolerance) == 5000
