@@ -58,9 +58,16 @@ def main() -> None:
         default="cuda",
         help="dtype rules of the target: cuda uses training.mixed_precision_param, cpu float32",
     )
+    parser.add_argument(
+        "--gpu-type",
+        help="the verdict against this GPU's memory (torchtitan/devices.py: h100, h200, a100, ...); "
+        "default: this machine's CUDA device, if any",
+    )
+    parser.add_argument("--device-memory-gib", type=float, help="the verdict against this memory")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     a, train_args = parser.parse_known_args()
     estimate = estimate_memory(train_args, a.world_size, a.device_type)
+    estimate.update(_verdict(estimate, a))
     if a.json:
         print(json.dumps(estimate))
     else:
@@ -118,6 +125,17 @@ def estimate_memory(train_args: list[str], world_size: int, device_type: str) ->
         "per_pp_rank": per_rank if len(per_rank) > 1 else None,
         "notes": notes,
     }
+
+
+def _verdict(estimate: dict, a: argparse.Namespace) -> dict:
+    """Whether the traced peak fits the device's memory (torchtitan/train/memory_fit.py)."""
+    from torchtitan.train.memory_fit import device_memory, verdict
+
+    memory = device_memory(a.device_type, a.gpu_type, a.device_memory_gib)
+    if memory is None:
+        return {"fits": None, "verdict": None}
+    fits, line = verdict(estimate["peak_gib"], memory, "the traced peak is")
+    return {"fits": fits, "verdict": line}
 
 
 def _adapt(job_config) -> list[str]:
@@ -478,6 +496,8 @@ def format_table(e: dict) -> str:
         "traced column is what is alive at the peak"
     )
     lines += [f"  note: {n}" for n in e["notes"]]
+    if e.get("verdict"):
+        lines.append(f"  {e['verdict']}")
     return "\n".join(lines)
 
 

@@ -294,9 +294,16 @@ def test_a_missing_tokenizer_falls_back_to_the_published_vocabulary(tmp_path):
         "8B",
         "--training.seq_len",
         "2048",
+        "--gpu-type",
+        "h100",
     )
     assert e["parameters_total"] == 8_030_261_248  # Llama 3.1 8B, vocab 128256
     assert 10 < e["peak_gib"] < 80
+    # the verdict against one H100's 80 GB (torchtitan/devices.py), the reserve included
+    assert e["fits"] is True and e["verdict"].startswith("fits: the traced peak is"), e
+    assert e["verdict"].endswith(
+        "(+ 2 GiB kept for the CUDA context and NCCL) against 78.8 GiB of one h100"
+    )
 
 
 def test_bad_input_is_one_line(tmp_path):

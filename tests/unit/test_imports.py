@@ -17,8 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ROOT / "torchtitan"
 
 # Leaves: modules that import nothing else of the library's (but another leaf), usable from
-# anywhere; ``remote``: object-storage URLs, read by the data and checkpoint packages alike.
-LEAVES = {"torchtitan.errors", "torchtitan.observability.log", "torchtitan.remote"}
+# anywhere; ``remote``: object-storage URLs, read by the data and checkpoint packages alike;
+# ``devices``: the accelerators' table, read by metrics, the memory estimate and the planner.
+LEAVES = {
+    "torchtitan.errors",
+    "torchtitan.observability.log",
+    "torchtitan.remote",
+    "torchtitan.devices",
+}
 
 # area -> the areas it may import (besides itself and the leaves). An area is a package under
 # torchtitan/, with models/ split into its parts.

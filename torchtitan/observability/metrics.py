@@ -8,7 +8,6 @@ activation checkpointing is not counted. On CPU there is no meaningful peak, so 
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -18,37 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchtitan.devices import peak_flops
 from torchtitan.distributed.utils import device_type
 from torchtitan.observability.log import logger
 from torchtitan.observability.run_summary import Progress
 from torchtitan.observability.sinks import TensorBoardSink
-
-# Peak dense (no sparsity) bf16 tensor-core FLOP/s, from the vendors' datasheets: NVIDIA A100
-# (312 TF), A10 (125 TF), L4 (121 TF), L40S (362 TF), H100 SXM (989 TF), H100 PCIe (756 TF),
-# H100 NVL (835 TF), H200 (989 TF), B200 (2250 TF); AMD Instinct MI300X (1307 TF).
-# Listed most specific name first: the first name found in the device name as a whole word wins
-# (so "NVIDIA L40" is not taken for an L4: unknown devices get no MFU rather than a wrong one).
-PEAK_BF16_FLOPS: list[tuple[str, float]] = [
-    ("H100 PCIe", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),
-    ("H200", 989e12),
-    ("GH200", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-    ("A10", 125e12),
-    ("MI300X", 1307e12),
-]
-
-
-def peak_flops(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s for a device name, or None when unknown (MFU is then not reported)."""
-    for key, value in PEAK_BF16_FLOPS:
-        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", device_name):
-            return value
-    return None
 
 
 def _device_name() -> str:

@@ -1,0 +1,91 @@
+"""Will the job fit (torchtitan/train/memory_fit.py): the floor of parameters, gradients and
+optimizer state per device, checked by the launcher's preflight for CUDA jobs."""
+
+from __future__ import annotations
+
+import pytest
+import torch.nn as nn
+from sized_tokenizers import llama3_sized_tiktoken
+
+from torchtitan.config.parse import parse_args
+from torchtitan.train import preflight
+from torchtitan.train.memory_fit import GIB, DeviceMemory, state_floor_gib, verdict
+
+
+def test_the_floor_counts_float32_weights_and_gradients_and_the_optimizer_moments():
+    model = nn.Linear(1024, 1024, bias=False)  # 2**20 parameters
+    cfg = parse_args([])
+    assert state_floor_gib(cfg, model, 1) * GIB == 2**20 * (4 + 4 + 2 * 4)
+    assert state_floor_gib(cfg, model, 4) * GIB == 2**20 * 16 / 4
+    cfg = parse_args(["--optimizer.state_dtype", "bfloat16", "--optimizer.early_step_in_backward"])
+    assert state_floor_gib(cfg, model, 1) * GIB == 2**20 * (4 + 0 + 2 * 2)
+    model.requires_grad_(False)  # frozen (a LoRA base): the weights alone
+    assert state_floor_gib(parse_args([]), model, 1) * GIB == 2**20 * 4
+
+
+def test_the_verdict_keeps_a_reserve():
+    memory = DeviceMemory(80.0, "80 GiB (--device-memory-gib)")
+    assert verdict(78.0, memory, "x is")[0]
+    fits, line = verdict(78.5, memory, "x is")
+    assert not fits
+    assert line == (
+        "does not fit: x is 78.5 GiB per device (+ 2 GiB kept for the CUDA context and NCCL) "
+        "against 80 GiB (--device-memory-gib)"
+    )
+
+
+@pytest.fixture(scope="module")
+def llama3_tokenizer(tmp_path_factory) -> str:
+    return str(llama3_sized_tiktoken(tmp_path_factory.mktemp("tok") / "llama3.model"))
+
+
+def _preflight(capsys, *args: str) -> tuple[int, str]:
+    rc = preflight.main(list(args))
+    return rc, capsys.readouterr().err.strip()
+
+
+def test_405b_on_8_gpus_is_refused_in_one_line(capsys, llama3_tokenizer, tmp_path):
+    """Without pipeline parallel or not, 405B's state alone is 756 GiB per device on 8: no GPU
+    holds it (checked against the largest listed when none is named)."""
+    rc, err = _preflight(
+        capsys,
+        "--world-size",
+        "8",
+        "--device-type",
+        "cuda",
+        "--job.config_file",
+        "train_configs/llama3_405b.toml",
+        "--parallelism.tensor_parallel_degree",
+        "1",
+        "--parallelism.pipeline_parallel_degree",
+        "1",
+        "--model.tokenizer_path",
+        llama3_tokenizer,
+        "--job.dump_folder",
+        str(tmp_path),
+    )
+    assert rc == 2 and "\n" not in err, err
+    assert err.startswith(
+        "error: llama3 405B (405,853,388,800 parameters) on 8 device(s) does not fit: "
+        "parameters, gradients and optimizer state take at least 756.0 GiB per device"
+    ), err
+    assert "against 189.1 GiB of one mi300x, the largest GPU listed" in err
+    assert "it needs at least 33 such devices" in err
+
+
+def test_8b_on_8_h100s_with_fsdp_passes_and_says_its_share(capsys, llama3_tokenizer, tmp_path):
+    args = ["--job.config_file", "train_configs/llama3_8b.toml"]
+    args += ["--model.tokenizer_path", llama3_tokenizer, "--job.dump_folder", str(tmp_path)]
+    rc, err = _preflight(capsys, "--world-size", "8", "--gpu-type", "h100", *args)
+    assert rc == 0, err
+    assert err == (
+        "preflight: memory: fits: parameters, gradients and optimizer state take at least 15.0 "
+        "GiB per device (+ 2 GiB kept for the CUDA context and NCCL) against 78.8 GiB of one h100"
+    )
+    rc, err = _preflight(capsys, "--world-size", "1", "--gpu-type", "h100", *args)
+    assert rc == 2 and "needs at least 2 such devices" in err, err
+    rc, err = _preflight(capsys, "--world-size", "8", "--gpu-type", "h10", *args)
+    assert rc == 2 and err.startswith("error: --gpu-type: 'h10' is not a known GPU; valid: "), err
+    # a CPU job is not judged against any GPU
+    rc, err = _preflight(capsys, "--world-size", "8", "--device-type", "cpu", *args)
+    assert rc == 0 and "memory" not in err, err
