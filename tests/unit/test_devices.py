@@ -15,6 +15,8 @@ from torchtitan.errors import ConfigError
         ("NVIDIA H100 80GB HBM3", "h100"),
         ("NVIDIA H100 PCIe", "h100-pcie"),
         ("NVIDIA H200", "h200"),
+        ("NVIDIA H200 NVL", "h200-nvl"),
+        ("NVIDIA A100 80GB PCIe", "a100-pcie"),
         ("NVIDIA GH200 480GB", "gh200"),
         ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
         ("NVIDIA A100-SXM4-80GB", "a100"),
@@ -41,4 +43,5 @@ def test_the_table_is_consistent():
     for d in DEVICES:
         assert d.memory_gb > 0 and d.bf16_tflops > 0 and d.hbm_gb_s > 0 and d.link_gb_s > 0
         assert d.fp8_tflops is None or d.fp8_tflops == pytest.approx(2 * d.bf16_tflops, rel=0.02)
-        assert 0.98 * d.memory_gb < d.memory_gib < d.memory_gb
+        # CUDA's total, where known, is within 7% of the datasheet's (GDDR cards with ECC less)
+        assert 0.93 * d.memory_gb < d.memory_gib <= d.memory_gb

@@ -20,6 +20,7 @@ context, NCCL's buffers and the caching allocator's slack.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,23 +45,43 @@ def device_memory(
     device_type: str, gpu_type: str | None = None, memory_gib: float | None = None
 ) -> DeviceMemory | None:
     """The memory of the job's devices: ``--device-memory-gib``, else ``--gpu-type``'s entry,
-    else this machine's CUDA device; None when unknown (a CPU job, or CUDA planned from a
-    machine without a GPU and no type given)."""
+    else this machine's smallest CUDA device; None when unknown (a CPU job, or CUDA planned
+    from a machine without a GPU and no type given)."""
     if memory_gib is not None:
-        if memory_gib <= 0:
-            raise ConfigError(f"--device-memory-gib: {memory_gib} must be > 0")
+        memory_gib = checked_memory_gib(memory_gib)
         return DeviceMemory(memory_gib, f"{memory_gib:g} GiB (--device-memory-gib)")
     if gpu_type is not None:
         device = device_by_key(gpu_type)
         return DeviceMemory(device.memory_gib, f"{device.memory_gib:.1f} GiB of one {device.key}")
-    if device_type == "cuda" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+    if device_type == "cuda":
+        try:
+            if not torch.cuda.is_available():
+                return None
+            props = min(
+                (torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())),
+                key=lambda p: p.total_memory,
+            )
+        except (RuntimeError, ValueError):  # a driver that does not answer: as without one
+            return None
         known = find_device(props.name)
         name = known.key if known else props.name
-        return DeviceMemory(
-            props.total_memory / GIB, f"{props.total_memory / GIB:.1f} GiB of one {name}"
-        )
+        gib = props.total_memory / GIB
+        return DeviceMemory(gib, f"{gib:.1f} GiB of one {name}")
     return None
+
+
+def checked_memory_gib(value: float | str) -> float:
+    """``--device-memory-gib``'s value: a number of GiB above the reserve."""
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = math.nan
+    if not (math.isfinite(gib) and gib > RESERVE_GIB):
+        raise ConfigError(
+            f"--device-memory-gib: {value!r} must be a number of GiB above the {RESERVE_GIB:g} "
+            "kept for the CUDA context"
+        )
+    return gib
 
 
 def largest_device() -> DeviceMemory:
@@ -71,9 +92,14 @@ def largest_device() -> DeviceMemory:
     )
 
 
-def state_floor_gib(job_config: JobConfig, model: torch.nn.Module, world_size: int) -> float:
+def state_floor_gib(
+    job_config: JobConfig, model: torch.nn.Module, world_size: int, weights_only: bool = False
+) -> float:
     """GiB per device that the model's parameters, gradients and optimizer state take at the
-    least (spread evenly over ``world_size`` devices)."""
+    least (spread evenly over ``world_size`` devices); ``weights_only``: the parameters alone
+    (a seed checkpoint's job, which never steps)."""
+    if weights_only:
+        return 4 * sum(p.numel() for p in model.parameters()) / world_size / GIB
     opt = job_config.optimizer
     total = trainable = 0
     for p in model.parameters():

@@ -8,9 +8,8 @@ reported once, before torchrun starts any worker (and without torchrun's failure
 A CUDA job (this machine's devices, or ``--device-type cuda``) is also checked against its
 devices' memory (:mod:`torchtitan.train.memory_fit`): ``--gpu-type KEY`` (the table of
 ``torchtitan/devices.py``) or ``--device-memory-gib X`` give the memory when planning from a
-machine without the GPU; without either, the largest GPU listed. A job whose parameters,
-gradients and optimizer state alone exceed it is refused; otherwise one line on stderr says how
-much of the memory they take.
+machine without the GPU; without either, this machine's smallest GPU, or the largest GPU
+listed. A job whose parameters, gradients and optimizer state alone exceed it is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import dataclasses
 import math
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -26,13 +26,14 @@ from torchtitan.config.checks import located
 from torchtitan.config.parse import parse_args
 from torchtitan.config.schema import JobConfig
 from torchtitan.data.tokenizer import build_tokenizer
+from torchtitan.devices import device_by_key
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.errors import ConfigError, ConfigErrors, Problems, TorchTitanError, error_lines
 from torchtitan.models.spec import get_model_spec
 from torchtitan.optim.param_groups import parse_rules
 from torchtitan.train.memory_fit import (
     RESERVE_GIB,
-    DeviceMemory,
+    checked_memory_gib,
     device_memory,
     largest_device,
     state_floor_gib,
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        world_size, device_type, device, argv = _own_options(argv)
+        world_size, device, argv = _own_options(argv)
     except ConfigError as e:
         print("\n".join(error_lines(e)), file=sys.stderr)
         return e.exit_code
@@ -63,9 +64,9 @@ def _main(argv: list[str] | None) -> int:
         for line in job_config.warnings:
             print(f"warning: {line}", file=sys.stderr)
         with problems.collect():
-            _check_job(job_config, world_size, device_type)
+            _check_job(job_config, world_size, device.type)
         problems.raise_if_any()
-        if (device_type or dist_utils.device_type) == "cuda":
+        if (device.type or dist_utils.device_type) == "cuda":
             _check_memory(job_config, world_size, device)
     except TorchTitanError as e:
         print("\n".join(error_lines(e)), file=sys.stderr)
@@ -103,41 +104,66 @@ def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) 
     problems.raise_if_any()
 
 
-def _check_memory(job_config: JobConfig, world_size: int, device: DeviceMemory | None) -> None:
+def _check_memory(job_config: JobConfig, world_size: int, device: _Device) -> None:
     """The floor of the job's memory per device (parameters, gradients, optimizer state)
-    against its devices': refused when over, else one line on stderr."""
-    memory = device or largest_device()
+    against its devices': refused, in one line, when over."""
+    memory = device_memory("cuda", device.gpu_type, device.memory_gib)
+    guessed = memory is None
+    memory = memory or largest_device()
+    model = _meta_model(job_config)
+    if job_config.lora.enable:  # only the adapters train: the base weights alone are certain
+        model.requires_grad_(False)
+    seed = job_config.checkpoint.create_seed_checkpoint  # weights only, written and done
+    floor = state_floor_gib(job_config, model, world_size, weights_only=seed)
+    fits, line = verdict(floor, memory, "parameters, gradients and optimizer state take at least")
+    if fits:
+        return
+    usable = memory.gib - RESERVE_GIB
+    hints = [f"it needs at least {math.ceil(floor * world_size / usable)} such devices"]
+    trains = any(p.requires_grad for p in model.parameters())
+    if not seed and trains and job_config.optimizer.state_dtype == "float32":
+        bf16 = dataclasses.replace(job_config.optimizer, state_dtype="bfloat16")
+        lighter = state_floor_gib(dataclasses.replace(job_config, optimizer=bf16), model, 1)
+        hints.append(f"{math.ceil(lighter / usable)} with optimizer.state_dtype = bfloat16")
+    if guessed:
+        hints.append("give --gpu-type KEY or --device-memory-gib for yours")
+    n = sum(p.numel() for p in model.parameters())
+    raise ConfigError(
+        f"{job_config.model.name} {job_config.model.flavor} ({n:,} parameters) on {world_size} "
+        f"device(s) {line} (no layout holds less: they are spread evenly over every device); "
+        f"{', '.join(hints)}; python scripts/estimate_memory.py --world-size N gives the whole "
+        "step's peak"
+    )
+
+
+def _meta_model(job_config: JobConfig) -> torch.nn.Module:
+    """The model on the meta device, its embedding sized as train.py sizes it."""
     model_args = resolve_model_args(job_config)
     if model_args.vocab_size <= 0 or job_config.model.vocab_size_from_tokenizer:
         path, key = job_config.model.tokenizer_source()  # checked to exist by _check_job
         vocab = build_tokenizer(path, key=key).n_words
         model_args = dataclasses.replace(model_args, vocab_size=vocab)
     with torch.device("meta"):
-        model = get_model_spec(job_config.model.name).cls(model_args)
-    if job_config.lora.enable:  # only the adapters train: the base weights alone are certain
-        model.requires_grad_(False)
-    floor = state_floor_gib(job_config, model, world_size)
-    fits, line = verdict(floor, memory, "parameters, gradients and optimizer state take at least")
-    if fits:
-        print(f"preflight: memory: {line}", file=sys.stderr)
-        return
-    usable = max(memory.gib - RESERVE_GIB, 1e-9)
-    at_least = math.ceil(floor * world_size / usable)
-    n = sum(p.numel() for p in model.parameters())
-    raise ConfigError(
-        f"{job_config.model.name} {job_config.model.flavor} ({n:,} parameters) on {world_size} "
-        f"device(s) {line} (no layout holds less: they are spread evenly over every device); "
-        f"it needs at least {at_least} such devices (or optimizer.state_dtype = bfloat16); "
-        f"python scripts/estimate_memory.py --world-size N gives the whole step's peak"
-    )
+        return get_model_spec(job_config.model.name).cls(model_args)
 
 
-def _own_options(argv: list[str]) -> tuple[int, str | None, DeviceMemory | None, list[str]]:
+@dataclass
+class _Device:
+    type: str | None = None  # --device-type; None: this machine's
+    gpu_type: str | None = None  # --gpu-type
+    memory_gib: float | None = None  # --device-memory-gib
+
+
+def _own_options(argv: list[str]) -> tuple[int, _Device, list[str]]:
     """``--world-size N``, ``--device-type cuda|cpu``, ``--gpu-type KEY`` and
-    ``--device-memory-gib X`` (before the train.py arguments)."""
-    world_size, device_type, gpu_type, memory_gib = 1, None, None, None
+    ``--device-memory-gib X``, anywhere among the train.py arguments (whose keys all have a
+    dot)."""
+    world_size, device, rest = 1, _Device(), []
     own = ("--world-size", "--device-type", "--gpu-type", "--device-memory-gib")
-    while argv[:1] and argv[0] in own:
+    while argv:
+        if argv[0] not in own:
+            rest.append(argv.pop(0))
+            continue
         if len(argv) < 2:
             raise ConfigError(f"{argv[0]}: needs a value")
         name, value, argv = argv[0], argv[1], argv[2:]
@@ -146,20 +172,21 @@ def _own_options(argv: list[str]) -> tuple[int, str | None, DeviceMemory | None,
                 raise ConfigError(f"--world-size: {value!r} must be a positive integer")
             world_size = int(value)
         elif name == "--gpu-type":
-            gpu_type = value
+            device_by_key(value)
+            device.gpu_type = value
         elif name == "--device-memory-gib":
-            try:
-                memory_gib = float(value)
-            except ValueError:
-                raise ConfigError(f"--device-memory-gib: {value!r} must be a number") from None
+            device.memory_gib = checked_memory_gib(value)
         elif value not in ("cuda", "cpu"):
             raise ConfigError(f"--device-type: {value!r} is not one of: cuda, cpu")
         else:
-            device_type = value
-    if (gpu_type or memory_gib) and device_type is None:
-        device_type = "cuda"  # a GPU named: the job is planned for it
-    device = device_memory(device_type or dist_utils.device_type, gpu_type, memory_gib)
-    return world_size, device_type, device, argv
+            device.type = value
+    if device.gpu_type or device.memory_gib:
+        if device.type == "cpu":
+            raise ConfigError(
+                "--device-type: cpu, but a GPU is named (--gpu-type or --device-memory-gib)"
+            )
+        device.type = "cuda"  # a GPU named: the job is planned for it
+    return world_size, device, rest
 
 
 if __name__ == "__main__":
