@@ -41,12 +41,8 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan.config.schema import FaultTolerance
 from torchtitan.distributed.param_init import canonical_name
-from torchtitan.distributed.replica_groups import ReplicaGroups, local_state
+from torchtitan.distributed.replica_groups import ReplicaGroups, local_state, local_tensor
 from torchtitan.observability.log import logger
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class OuterSync:
@@ -70,7 +66,7 @@ class OuterSync:
         self.outer: torch.optim.SGD | None = None
         self.provisional = True
         if self.method == "diloco":
-            self._adopt([_local(p).detach().clone() for _, p in self.params])
+            self._adopt([local_tensor(p).detach().clone() for _, p in self.params])
         self.syncs = 0  # syncs committed by this run
         self.healed = False  # this group took another's state in this sync
 
@@ -86,7 +82,7 @@ class OuterSync:
         if self.method == "diloco" and self.provisional:
             with torch.no_grad():
                 for (_, p), s, m in zip(self.params, self.synced, self._momentum()):
-                    s.copy_(_local(p))
+                    s.copy_(local_tensor(p))
                     m.zero_()
             self.provisional = False
 
@@ -128,7 +124,7 @@ class OuterSync:
         reference = table[present][0, 1]
         off = (present & (table[:, 1] != reference)).to(torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:  # a group differs on any rank
-            device = _local(self.params[0][1]).device if self.params else torch.device("cpu")
+            device = local_tensor(self.params[0][1]).device if self.params else torch.device("cpu")
             off_here = off.to(device)
             dist.all_reduce(off_here, op=dist.ReduceOp.MAX)
             off = off_here.cpu()
@@ -152,18 +148,18 @@ class OuterSync:
         return 0.0 if self.healed else 1.0
 
     def _local_sgd(self) -> bool:
-        mean = [_local(p).detach().clone() for _, p in self.params]
+        mean = [local_tensor(p).detach().clone() for _, p in self.params]
         self.groups.average(mean, self._weight())
         if not self.groups.commit("sync", "each group keeps its own weights until the next one"):
             return False
         with torch.no_grad():
             for (_, p), m in zip(self.params, mean):
-                _local(p).copy_(m)
+                local_tensor(p).copy_(m)
         return True
 
     def _diloco(self) -> bool:
         assert self.outer is not None
-        own = [_local(p).detach() for _, p in self.params]
+        own = [local_tensor(p).detach() for _, p in self.params]
         pseudo = [s - o for s, o in zip(self.synced, own)]
         self.groups.average(pseudo, self._weight())
         committed = self.groups.commit("sync", self._lost())
@@ -177,9 +173,9 @@ class OuterSync:
                     s.grad = None
             for (_, p), s in zip(self.params, self.synced):
                 if committed and alpha > 0:  # (1 - alpha) x the global weights + alpha x own
-                    _local(p).lerp_(s, 1 - alpha)
+                    local_tensor(p).lerp_(s, 1 - alpha)
                 else:
-                    _local(p).copy_(s)
+                    local_tensor(p).copy_(s)
         return committed
 
     def _adopt(self, synced: list[torch.Tensor]) -> None:
@@ -220,7 +216,7 @@ class OuterSync:
         with torch.no_grad():
             for key, mine in (("synced", self.synced), ("momentum", self._momentum())):
                 for (name, _), t in zip(self.params, mine):
-                    t.copy_(_local(state[key][name]))
+                    t.copy_(local_tensor(state[key][name]))
         self.provisional = False
 
     def _global(self, tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -149,7 +149,7 @@ class ReplicaGroups:
         # buffer holds the same parameters; its gradient stays None
         self.average(
             [
-                _local(p.grad) if p.grad is not None else torch.zeros_like(_local(p))
+                local_tensor(p.grad) if p.grad is not None else torch.zeros_like(local_tensor(p))
                 for p in params
                 if p.requires_grad
             ]
@@ -274,7 +274,8 @@ def _fresh_store(rank: int) -> tuple[Any, str, int]:
     return store, host, port
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: its local shard if a DTensor, else ``t``."""
     return t.to_local() if isinstance(t, DTensor) else t
 
 
@@ -285,7 +286,7 @@ def local_state(state: Any) -> Any:
         return {k: local_state(v) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
         return type(state)(local_state(v) for v in state)
-    return _local(state).detach() if isinstance(state, torch.Tensor) else state
+    return local_tensor(state).detach() if isinstance(state, torch.Tensor) else state
 
 
 def into_place(current: Any, received: Any) -> Any:

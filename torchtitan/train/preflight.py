@@ -63,11 +63,12 @@ def _main(argv: list[str] | None) -> int:
         job_config = parse_args(argv, problems=problems)
         for line in job_config.warnings:
             print(f"warning: {line}", file=sys.stderr)
+        vocab = None
         with problems.collect():
-            _check_job(job_config, world_size, device.type)
+            vocab = _check_job(job_config, world_size, device.type)
         problems.raise_if_any()
         if (device.type or dist_utils.device_type) == "cuda":
-            _check_memory(job_config, world_size, device)
+            _check_memory(job_config, world_size, device, vocab)
     except TorchTitanError as e:
         print("\n".join(error_lines(e)), file=sys.stderr)
         return e.exit_code
@@ -80,8 +81,9 @@ def _main(argv: list[str] | None) -> int:
     return 0
 
 
-def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) -> None:
-    """The plan's checks, then the tokenizer against the flavor: every problem of both."""
+def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) -> int | None:
+    """The plan's checks, then the tokenizer against the flavor: every problem of both. The
+    tokenizer's size, when it was read."""
     problems = Problems()
     with problems.collect():
         plan_job(job_config, world_size, device_type)
@@ -93,24 +95,28 @@ def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) 
     except ConfigError:
         problems.raise_if_any()
         raise
+    vocab = None
     with problems.collect():
         path, key = job_config.model.tokenizer_source()
         try:
             if os.path.exists(path):  # a missing one is reported by the config's file checks
-                tokenizer = build_tokenizer(path, key=key)
-                check_vocab(job_config, model_args, tokenizer.n_words)
+                vocab = build_tokenizer(path, key=key).n_words
+                check_vocab(job_config, model_args, vocab)
         except ConfigError as e:
             raise located(job_config, e) from None
     problems.raise_if_any()
+    return vocab
 
 
-def _check_memory(job_config: JobConfig, world_size: int, device: _Device) -> None:
+def _check_memory(
+    job_config: JobConfig, world_size: int, device: _Device, vocab: int | None
+) -> None:
     """The floor of the job's memory per device (parameters, gradients, optimizer state)
     against its devices': refused, in one line, when over."""
     memory = device_memory("cuda", device.gpu_type, device.memory_gib)
     guessed = memory is None
     memory = memory or largest_device()
-    model = _meta_model(job_config)
+    model = _meta_model(job_config, vocab)
     if job_config.lora.enable:  # only the adapters train: the base weights alone are certain
         model.requires_grad_(False)
     seed = job_config.checkpoint.create_seed_checkpoint  # weights only, written and done
@@ -136,12 +142,13 @@ def _check_memory(job_config: JobConfig, world_size: int, device: _Device) -> No
     )
 
 
-def _meta_model(job_config: JobConfig) -> torch.nn.Module:
-    """The model on the meta device, its embedding sized as train.py sizes it."""
+def _meta_model(job_config: JobConfig, vocab: int | None) -> torch.nn.Module:
+    """The model on the meta device, its embedding sized as train.py sizes it (``vocab``: the
+    tokenizer's size, read by the checks)."""
     model_args = resolve_model_args(job_config)
-    if model_args.vocab_size <= 0 or job_config.model.vocab_size_from_tokenizer:
-        path, key = job_config.model.tokenizer_source()  # checked to exist by _check_job
-        vocab = build_tokenizer(path, key=key).n_words
+    if vocab is not None and (
+        model_args.vocab_size <= 0 or job_config.model.vocab_size_from_tokenizer
+    ):
         model_args = dataclasses.replace(model_args, vocab_size=vocab)
     with torch.device("meta"):
         return get_model_spec(job_config.model.name).cls(model_args)
