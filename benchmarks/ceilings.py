@@ -1,12 +1,21 @@
 """The two ceilings of this device: dense matmul FLOP/s and memory copy bandwidth.
 
     python benchmarks/ceilings.py [--size 8192] [--copy-gib 4] [--dtype bfloat16] [--json]
+    torchrun --nproc-per-node N benchmarks/ceilings.py --collectives [--json]
 
 Matmul: ``C = A @ B`` for square ``size x size`` matrices, ``2 * size**3`` FLOPs per call. Copy: a
 ``copy-gib`` GiB tensor copied device to device, counted as read plus write (2 x bytes). Each is
 the median of ``--repeats`` timed calls after warm-up; on CUDA timed with events. On CPU the
 defaults shrink (float32, size 2048, 0.5 GiB). MFU in docs/performance.md is relative to the
 datasheet peak, not to this measured ceiling; both are reported there.
+
+``--collectives`` (under torchrun): every process measures at the same time, so the rates are
+those one process gets while the others run (on CPU the processes share the cores, as training's
+do), then the job's collectives are timed: an all-gather of ``--gather-mib`` MiB per rank
+(reported as the bytes each rank receives per second) and a one-element all-reduce (the
+latency), over gloo on CPU and NCCL on CUDA. Rank 0 prints the result, with ``world_size``; the
+layout planner reads it for CPU processes (``python -m torchtitan.plan --device-type cpu
+--calibration FILE``).
 """
 
 from __future__ import annotations
@@ -28,9 +37,13 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16" if cuda else "float32")
     parser.add_argument("--repeats", type=int, default=20 if cuda else 5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--collectives", action="store_true", help="under torchrun: see above")
+    parser.add_argument("--gather-mib", type=float, default=64.0 if cuda else 16.0)
     a = parser.parse_args()
-    device = torch.device("cuda" if cuda else "cpu")
     dtype = getattr(torch, a.dtype)
+    if a.collectives:
+        return _with_collectives(a, dtype, cuda)
+    device = torch.device("cuda" if cuda else "cpu")
 
     x = torch.randn(a.size, a.size, device=device, dtype=dtype)
     y = torch.randn(a.size, a.size, device=device, dtype=dtype)
@@ -50,6 +63,68 @@ def main() -> int:
         print(f"device: {result['device']}")
         print(f"  matmul {a.size}x{a.size} {a.dtype}: {result['matmul']['tflops']:.1f} TFLOP/s")
         print(f"  copy {a.copy_gib} GiB (read + write): {result['copy']['gb_per_s']:.0f} GB/s")
+    return 0
+
+
+def _with_collectives(a, dtype, cuda: bool) -> int:
+    """Every rank measures at once; then the collectives; rank 0 prints."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if "WORLD_SIZE" not in os.environ:
+        print("error: --collectives runs under torchrun (torchrun --nproc-per-node N ...)")
+        return 2
+    rank = int(os.environ["RANK"])
+    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        x = torch.randn(a.size, a.size, device=device, dtype=dtype)
+        y = torch.randn(a.size, a.size, device=device, dtype=dtype)
+        dist.barrier()
+        mm_s = _time(lambda: torch.mm(x, y), a.repeats, cuda)
+        n = int(a.copy_gib * 1024**3) // 4
+        src = torch.ones(n, device=device)
+        dst = torch.empty_like(src)
+        dist.barrier()
+        copy_s = _time(lambda: dst.copy_(src), a.repeats, cuda)
+        world = dist.get_world_size()
+        piece = torch.ones(int(a.gather_mib * 1024**2) // 2, device=device, dtype=torch.bfloat16)
+        whole = torch.empty(world * piece.numel(), device=device, dtype=torch.bfloat16)
+        dist.barrier()
+        gather_s = _time(lambda: dist.all_gather_into_tensor(whole, piece), a.repeats, cuda)
+        one = torch.ones(1, device=device)
+        latency_s = _time(lambda: dist.all_reduce(one), 4 * a.repeats, cuda)
+        rates = torch.tensor([2 * a.size**3 / mm_s, 2 * n * 4 / copy_s], dtype=torch.float64)
+        rates = rates.to(device)
+        dist.all_reduce(rates, op=dist.ReduceOp.MIN)  # the slowest rank's
+        rates = rates.cpu()
+    finally:
+        dist.destroy_process_group()
+    received = (world - 1) * piece.numel() * 2
+    result = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "world_size": world,
+        "threads": torch.get_num_threads(),
+        "matmul": {"size": a.size, "dtype": a.dtype, "tflops": rates[0].item() / 1e12},
+        "copy": {"gib": a.copy_gib, "gb_per_s": rates[1].item() / 1e9},
+        "all_gather": {"mib_per_rank": a.gather_mib, "gb_per_s": received / gather_s / 1e9},
+        "all_reduce_latency_s": latency_s,
+    }
+    if rank == 0:
+        if a.json:
+            print(json.dumps(result))
+        else:
+            print(f"{world} processes on {result['device']}, each while all run:")
+            print(f"  matmul {a.size}x{a.size} {a.dtype}: {result['matmul']['tflops']:.3f} TFLOP/s")
+            print(f"  copy: {result['copy']['gb_per_s']:.1f} GB/s (read + write)")
+            print(
+                f"  all-gather {a.gather_mib:g} MiB per rank: {result['all_gather']['gb_per_s']:.2f} GB/s received"
+            )
+            print(f"  all-reduce of one element: {1e6 * latency_s:.0f} us")
     return 0
 
 

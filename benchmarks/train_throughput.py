@@ -56,20 +56,7 @@ def main() -> int:
         base = Path(a.keep or tmp)
         for i, (name, overrides, ngpu) in enumerate(settings):
             dump = base / f"run{i}"
-            args = [
-                *extra,
-                *overrides,
-                "--training.steps",
-                str(a.steps),
-                "--metrics.log_freq",
-                "1",
-                "--metrics.enable_tensorboard",
-                "true",
-                "--metrics.save_tb_folder",
-                "tb",
-                "--job.dump_folder",
-                str(dump),
-            ]
+            args = [*extra, *overrides, *measured_run(a.steps, dump)]
             rc, tail = _run(a.config, ngpu, args)
             if rc != 0:
                 rows.append({"setting": name, "ngpu": ngpu, "error": tail})
@@ -81,6 +68,16 @@ def main() -> int:
     else:
         print(format_table(rows, a.config, a.ngpu, a.steps, a.warmup))
     return 1 if any("error" in r for r in rows) else 0
+
+
+def measured_run(steps: int, dump: Path) -> list[str]:
+    """``train.py`` arguments of a measured run: ``steps`` steps, each logged to TensorBoard
+    under ``dump/tb`` (what :func:`summarize` reads)."""
+    return [
+        "--training.steps", str(steps), "--metrics.log_freq", "1",
+        "--metrics.enable_tensorboard", "true", "--metrics.save_tb_folder", "tb",
+        "--job.dump_folder", str(dump),
+    ]  # fmt: skip
 
 
 def _parse_setting(text: str, parser, ngpu: int) -> tuple[str, list[str], int]:

@@ -38,6 +38,9 @@ class Device:
     link: str  # what that link is
     network_gb_s: float  # the reference node's scale-out fabric per GPU, each direction
     memory_mib: int | None = None  # the total CUDA reports, where known
+    # the fraction of the bf16 peak a large matmul reached here (benchmarks/ceilings.py, recorded
+    # in docs/performance.md); None: not measured
+    matmul_efficiency: float | None = None
 
     @property
     def memory_gib(self) -> float:
@@ -50,9 +53,9 @@ class Device:
 DEVICES: tuple[Device, ...] = (
     Device("h100-pcie", "H100 PCIe", 80, 756, 1513, 2000, 300, "NVLink bridge", 50),
     Device("h100-nvl", "H100 NVL", 94, 835, 1671, 3900, 300, "NVLink bridge", 50),
-    Device("h100", "H100", 80, 989, 1979, 3350, 450, "NVLink 4", 50, 81_559),
+    Device("h100", "H100", 80, 989, 1979, 3350, 450, "NVLink 4", 50, 81_559, 782 / 989),
     Device("h200-nvl", "H200 NVL", 141, 835, 1671, 4800, 450, "NVLink bridge", 50),
-    Device("h200", "H200", 141, 989, 1979, 4800, 450, "NVLink 4", 50, 143_771),
+    Device("h200", "H200", 141, 989, 1979, 4800, 450, "NVLink 4", 50, 143_771, 759 / 989),
     Device("gh200", "GH200", 96, 989, 1979, 4000, 450, "NVLink 4", 50),
     Device("b200", "B200", 180, 2250, 4500, 8000, 900, "NVLink 5", 50),
     Device("a100-40gb", "A100-SXM4-40GB", 40, 312, None, 1555, 300, "NVLink 3", 25, 40_960),

@@ -268,14 +268,12 @@ def test_published_moe_configs_split_their_experts_evenly(name):
 def test_an_uneven_split_of_the_experts_is_named(world, ep, share):
     """8 experts over dp_shard 16: FSDP's dim-0 pieces hold one expert each, so rank 0 (the one
     traced) has twice its share and half the ranks none; over 8 ranks the split is even."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from estimate_memory import _moe_notes
-
     from torchtitan.config.parse import parse_args
+    from torchtitan.train.memory_estimate import moe_notes
     from torchtitan.train.plan import plan_job
 
     args = [*MOE["qwen3_moe"][0], "--parallelism.expert_parallel_degree", str(ep)]
-    notes = _moe_notes(plan_job(parse_args(args, need_files=False), world))
+    notes = moe_notes(plan_job(parse_args(args, need_files=False), world))
     uneven = [n for n in notes if n.startswith("FSDP shards the routed experts")]
     assert (share is None and not uneven) or (share is not None and share in uneven[0]), notes
     assert any("routing assumed balanced" in n for n in notes) == (ep > 1), notes

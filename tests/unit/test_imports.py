@@ -58,7 +58,18 @@ ALLOWED: dict[str, set[str]] = {
         "quantization",
         "lora",
     },  # fmt: skip
-    "entry": {"train"},  # torchtitan/preflight.py: the command python -m torchtitan.preflight
+    # the layout planner: layouts, the cost model, the traced memory estimate (it builds and
+    # traces the model as training does)
+    "planning": {
+        "config",
+        "distributed",
+        "models.common",
+        "models.spec",
+        "optim",
+        "train",
+    },  # fmt: skip
+    # torchtitan/preflight.py and plan.py: the commands python -m torchtitan.preflight / .plan
+    "entry": {"train", "planning"},
 }
 
 
@@ -66,7 +77,7 @@ def area(module: str) -> str:
     """``torchtitan.models.qwen3.model`` -> ``models.family``; ``torchtitan.train.loss`` ->
     ``train``; a sub-area where the rule names one (``distributed.utils``)."""
     parts = module.split(".")[1:]
-    if not parts or parts[0] == "preflight":
+    if not parts or parts[0] in ("preflight", "plan"):
         return "entry"
     if parts[0] == "models":
         if len(parts) == 1:

@@ -100,15 +100,22 @@ def state_floor_gib(
     (a seed checkpoint's job, which never steps)."""
     if weights_only:
         return 4 * sum(p.numel() for p in model.parameters()) / world_size / GIB
-    opt = job_config.optimizer
     total = trainable = 0
     for p in model.parameters():
         total += p.numel()
         trainable += p.numel() if p.requires_grad else 0
-    grads = 0 if opt.early_step_in_backward else 4 * trainable
-    moments = 1 if opt.name == "Muon" else 2
-    state = moments * (2 if opt.state_dtype == "bfloat16" else 4) * trainable
-    return (4 * total + grads + state) / world_size / GIB
+    _, grads, moments = state_bytes(job_config)
+    return (4 * total + (grads + moments) * trainable) / world_size / GIB
+
+
+def state_bytes(job_config: JobConfig) -> tuple[int, int, int]:
+    """Bytes per parameter at the least: its float32 weight, and for a trained one its float32
+    gradient (none with ``optimizer.early_step_in_backward``) and the optimizer's moments (two
+    for Adam/AdamW, one counted for Muon, in ``optimizer.state_dtype``)."""
+    opt = job_config.optimizer
+    grads = 0 if opt.early_step_in_backward else 4
+    moments = (1 if opt.name == "Muon" else 2) * (2 if opt.state_dtype == "bfloat16" else 4)
+    return 4, grads, moments
 
 
 def verdict(need_gib: float, memory: DeviceMemory, what: str) -> tuple[bool, str]:

@@ -9,11 +9,15 @@ A CUDA job (this machine's devices, or ``--device-type cuda``) is also checked a
 devices' memory (:mod:`torchtitan.train.memory_fit`): ``--gpu-type KEY`` (the table of
 ``torchtitan/devices.py``) or ``--device-memory-gib X`` give the memory when planning from a
 machine without the GPU; without either, this machine's smallest GPU, or the largest GPU
-listed. A job whose parameters, gradients and optimizer state alone exceed it is refused.
+listed. A job whose parameters, gradients and optimizer state alone exceed it is refused; else
+one training step is traced on fake tensors (:mod:`torchtitan.train.memory_estimate`, the fast
+trace: seconds) and its peak per device is stated against the memory, or refused when over it,
+with the layout planner's command (``python -m torchtitan.plan``).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -31,8 +35,10 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.errors import ConfigError, ConfigErrors, Problems, TorchTitanError, error_lines
 from torchtitan.models.spec import get_model_spec
 from torchtitan.optim.param_groups import parse_rules
+from torchtitan.train.memory_estimate import TRACE_FAILURES, estimate_job
 from torchtitan.train.memory_fit import (
     RESERVE_GIB,
+    DeviceMemory,
     checked_memory_gib,
     device_memory,
     largest_device,
@@ -123,6 +129,8 @@ def _check_memory(
     floor = state_floor_gib(job_config, model, world_size, weights_only=seed)
     fits, line = verdict(floor, memory, "parameters, gradients and optimizer state take at least")
     if fits:
+        if not seed:  # a seed checkpoint's job never steps: its weights are all it holds
+            _check_traced_peak(job_config, world_size, memory, vocab, device)
         return
     usable = memory.gib - RESERVE_GIB
     hints = [f"it needs at least {math.ceil(floor * world_size / usable)} such devices"]
@@ -137,9 +145,45 @@ def _check_memory(
     raise ConfigError(
         f"{job_config.model.name} {job_config.model.flavor} ({n:,} parameters) on {world_size} "
         f"device(s) {line} (no layout holds less: they are spread evenly over every device); "
-        f"{', '.join(hints)}; python scripts/estimate_memory.py --world-size N gives the whole "
-        "step's peak"
+        f"{', '.join(hints)}; {_planner_command(job_config, device, 'N')} lists the layouts that "
+        "fit"
     )
+
+
+def _check_traced_peak(
+    job_config: JobConfig, world_size: int, memory: DeviceMemory, vocab: int | None, device
+) -> None:
+    """The whole step's peak per device (the memory estimate's fast trace, seconds) against the
+    device's memory: stated in one line when it fits, refused in one line when not. A job the
+    trace cannot follow is let through with a line saying so (the floor has passed)."""
+    try:
+        estimate = estimate_job(copy.deepcopy(job_config), world_size, "cuda", True, vocab)
+    except TRACE_FAILURES as e:
+        why = (str(e).splitlines() or [""])[0][:160]
+        print(f"preflight: no memory estimate for this job ({type(e).__name__}: {why})")
+        return
+    fits, line = verdict(estimate["peak_gib"], memory, "the traced peak of a training step is")
+    if fits:
+        print(f"preflight: {line}")
+        return
+    m = job_config.model
+    raise ConfigError(
+        f"{m.name} {m.flavor} on {world_size} device(s), {estimate['layout']}, "
+        f"{line}; {_planner_command(job_config, device, str(world_size))} lists the layouts "
+        "that fit (scripts/estimate_memory.py shows this one's breakdown)"
+    )
+
+
+def _planner_command(job_config: JobConfig, device, gpus: str) -> str:
+    """The layout planner's command line for this job and its devices."""
+    if device.gpu_type:
+        target = f"--gpu-type {device.gpu_type}"
+    elif device.memory_gib is not None:
+        target = f"--gpu-type KEY --device-memory-gib {device.memory_gib:g}"
+    else:
+        target = "--gpu-type KEY"
+    source = job_config.job.config_file or "F"
+    return f"python -m torchtitan.plan --gpus {gpus} {target} --job.config_file {source}"
 
 
 def _meta_model(job_config: JobConfig, vocab: int | None) -> torch.nn.Module:

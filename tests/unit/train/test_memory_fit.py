@@ -83,7 +83,15 @@ def test_8b_on_8_h100s_with_fsdp_passes(capsys, llama3_tokenizer, tmp_path):
     args = ["--job.config_file", "train_configs/llama3_8b.toml"]
     args += ["--model.tokenizer_path", llama3_tokenizer, "--job.dump_folder", str(tmp_path)]
     # the GPU's options may come anywhere among train.py's
-    assert _preflight(capsys, "--world-size", "8", *args, "--gpu-type", "h100") == (0, "")
+    assert preflight.main(["--world-size", "8", *args, "--gpu-type", "h100"]) == 0
+    out = capsys.readouterr()
+    assert out.err == "", out.err
+    # the whole step's traced peak is stated against the device (8B, seq 8192, batch 1,
+    # selective AC: about 50 GiB)
+    line = out.out.strip()
+    assert line.startswith("preflight: fits: the traced peak of a training step is "), line
+    peak = float(line.split(" is ")[1].split(" GiB")[0])
+    assert 30 < peak < 77.6 and line.endswith("against 79.6 GiB of one h100"), line
     rc, err = _preflight(capsys, "--world-size", "1", "--gpu-type", "h100", *args)
     assert rc == 2 and "at least 119.7 GiB per device" in err, err
     assert "against 79.6 GiB of one h100" in err
@@ -111,3 +119,22 @@ def test_a_cpu_job_is_not_judged_against_any_gpu(capsys, llama3_tokenizer, tmp_p
     args = ["--job.config_file", "train_configs/llama3_8b.toml", "--job.dump_folder", str(tmp_path)]
     args += ["--model.tokenizer_path", llama3_tokenizer]
     assert _preflight(capsys, "--world-size", "1", "--device-type", "cpu", *args) == (0, "")
+
+
+def test_a_job_whose_step_does_not_fit_is_refused_with_the_planner_command(
+    capsys, llama3_tokenizer, tmp_path
+):
+    """The floor passes (8B's state on 8 devices is 15 GiB each), the step does not: 4 x 8192
+    tokens a device without checkpointing hold hundreds of GiB of activations."""
+    args = ["--job.config_file", "train_configs/llama3_8b.toml", "--gpu-type", "h100"]
+    args += ["--model.tokenizer_path", llama3_tokenizer, "--job.dump_folder", str(tmp_path)]
+    args += ["--training.local_batch_size", "4", "--activation_checkpoint.mode", "none"]
+    rc, err = _preflight(capsys, "--world-size", "8", *args)
+    assert rc == 2 and "\n" not in err, err
+    assert err.startswith("error: llama3 8B on 8 device(s), dp_replicate=1 dp_shard=8"), err
+    assert "does not fit: the traced peak of a training step is " in err
+    assert "against 79.6 GiB of one h100" in err
+    assert (
+        "python -m torchtitan.plan --gpus 8 --gpu-type h100 --job.config_file "
+        "train_configs/llama3_8b.toml lists the layouts that fit" in err
+    ), err

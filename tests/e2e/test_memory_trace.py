@@ -1,0 +1,41 @@
+"""The fast trace of the memory estimate (torchtitan/train/memory_estimate.py) against the
+full trace: the debug model's 6 layers traced at 3 and 4 and extrapolated give the peak of all
+6 traced; a pipeline is traced whole, each rank in a process of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchtitan.train.memory_estimate import estimate_memory
+
+DEBUG = ["--job.config_file", "train_configs/debug_model.toml", "--training.seq_len", "512"]
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--training.local_batch_size", "4"],
+        ["--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "full"],
+        [
+            "--activation_checkpoint.mode",
+            "selective",
+            "--activation_checkpoint.selective_ac_option",
+            "op",
+        ],
+    ],
+)
+def test_the_fast_trace_gives_the_full_traces_peak(layout):
+    """The debug model's 6 layers traced at 3 and 4 and extrapolated, against all 6 traced."""
+    fast = estimate_memory([*DEBUG, *layout], 4, "cpu", fast=True)
+    full = estimate_memory([*DEBUG, *layout], 4, "cpu", fast=False)
+    assert "traced with 3 and 4 layers" in fast["notes"][-1]
+    assert fast["peak_gib"] == pytest.approx(full["peak_gib"], rel=0.01)
+    for row, value in full["breakdown_gib"].items():
+        assert fast["breakdown_gib"][row] == pytest.approx(value, rel=0.02, abs=1e-3), row
+
+
+def test_a_pipeline_is_traced_whole():
+    pp = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "4"]
+    e = estimate_memory([*DEBUG, *pp], 4, "cpu", fast=True)
+    assert not any("extrapolated" in n for n in e["notes"])
+    assert e["per_pp_rank"] and len(e["per_pp_rank"]) == 2
