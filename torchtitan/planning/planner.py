@@ -37,6 +37,9 @@ AC_RANK = {"none": 0, "selective": 1, "full": 2}
 # traces hold about 66 without checkpointing (seq 8192, bf16); full checkpointing keeps the
 # block's input (2 bytes in bf16)
 ACT_FLOOR = {"none": 16, "selective": 8, "full": 2}
+# the share of the least per-token memory this job's traces held that the floor of an untraced
+# layout takes (below 1: a trace's constant part, logits and one block's temporaries, is in it)
+LEARNED_SHARE = 0.8
 
 
 @dataclass
@@ -163,6 +166,7 @@ class _Walk:
         if job_config.lora.enable:  # only the adapters train: the base weights alone are certain
             grads = moments = 0
         self.fixed_bytes, self.grad_bytes = weights + moments, grads
+        self.learned: dict[str, float] = {}  # checkpointing mode -> bytes per token-dim-block
 
     def check(self, lay: Layout, cost: StepCost, force: bool = False) -> Planned | None:
         """The layout traced, or None: cannot fit (without a trace) or not valid."""
@@ -182,6 +186,7 @@ class _Walk:
             return None
         self.traced += 1
         peak = estimate["peak_gib"] + self.hardware.runtime_gib
+        self._learn(lay, peak)
         fits = peak <= self._budget()
         if not fits:
             self.too_big.append(lay)
@@ -205,8 +210,18 @@ class _Walk:
         everything over the devices that shard it (tp x dp_shard x cp); under PP a stage holds
         one of the embedding and the output. Activations: each block's saved tensors, at least
         ``ACT_FLOOR`` bytes per token and dim (a quarter of what the traces of Llama 3 8B
-        hold), split over TP (sequence parallel); a pipeline rank holds a micro-batch per stage
-        ahead of it."""
+        hold), or ``LEARNED_SHARE`` of the least this job's traces held (:meth:`_learn`)."""
+        params, token_dims = self._sizes(lay)
+        mode = lay.ac.partition(":")[0]
+        coefficient = max(ACT_FLOOR[mode], LEARNED_SHARE * self.learned.get(mode, 0.0))
+        saved = coefficient * token_dims
+        return (self.fixed_bytes * params + max(self.grad_bytes * params, saved)) / GIB
+
+    def _sizes(self, lay: Layout) -> tuple[float, float]:
+        """A device's parameters (the blocks split over pp, everything over tp x dp_shard x
+        cp; a pipeline stage holds one of the embedding and the output) and the tokens x dim
+        x blocks its activations scale with (split over TP; a pipeline rank holds a
+        micro-batch per stage ahead of it)."""
         m = self.facts
         outer = m.outer_parameters / (2 if lay.pp > 1 else 1)
         params = (m.layer_parameters / lay.pp + outer) / (lay.tp * lay.dp_shard * lay.cp)
@@ -215,9 +230,16 @@ class _Walk:
         else:
             sequences = lay.local_batch
         tokens = sequences * self.seq_len / lay.cp
-        saved = ACT_FLOOR[lay.ac.partition(":")[0]] * m.dim * tokens / lay.tp
-        saved *= m.n_layers / lay.pp
-        return (self.fixed_bytes * params + max(self.grad_bytes * params, saved)) / GIB
+        return params, m.dim * tokens / lay.tp * m.n_layers / lay.pp
+
+    def _learn(self, lay: Layout, peak_gib: float) -> None:
+        """The bytes per token, dim and block this job's traces held beyond the weights and
+        moments, the least seen per checkpointing mode: the floor of the layouts not yet
+        traced takes ``LEARNED_SHARE`` of it."""
+        params, token_dims = self._sizes(lay)
+        held = (peak_gib * GIB - self.fixed_bytes * params) / token_dims
+        mode = lay.ac.partition(":")[0]
+        self.learned[mode] = min(self.learned.get(mode, held), held)
 
     def _dominated(self, lay: Layout) -> bool:
         """A layout holding as much or more than one that did not fit."""
