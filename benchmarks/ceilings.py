@@ -43,19 +43,11 @@ def main() -> int:
     dtype = getattr(torch, a.dtype)
     if a.collectives:
         return _with_collectives(a, dtype, cuda)
-    device = torch.device("cuda" if cuda else "cpu")
-
-    x = torch.randn(a.size, a.size, device=device, dtype=dtype)
-    y = torch.randn(a.size, a.size, device=device, dtype=dtype)
-    mm_s = _time(lambda: torch.mm(x, y), a.repeats, cuda)
-    n = int(a.copy_gib * 1024**3) // 4
-    src = torch.empty(n, device=device, dtype=torch.float32).fill_(1.0)
-    dst = torch.empty_like(src)
-    copy_s = _time(lambda: dst.copy_(src), a.repeats, cuda)
+    flops, copy_bytes = _rates(a, torch.device("cuda" if cuda else "cpu"), dtype, cuda)
     result = {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "matmul": {"size": a.size, "dtype": a.dtype, "tflops": 2 * a.size**3 / mm_s / 1e12},
-        "copy": {"gib": a.copy_gib, "gb_per_s": 2 * n * 4 / copy_s / 1e9},
+        "matmul": {"size": a.size, "dtype": a.dtype, "tflops": flops / 1e12},
+        "copy": {"gib": a.copy_gib, "gb_per_s": copy_bytes / 1e9},
     }
     if a.json:
         print(json.dumps(result))
@@ -82,15 +74,7 @@ def _with_collectives(a, dtype, cuda: bool) -> int:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
-        x = torch.randn(a.size, a.size, device=device, dtype=dtype)
-        y = torch.randn(a.size, a.size, device=device, dtype=dtype)
-        dist.barrier()
-        mm_s = _time(lambda: torch.mm(x, y), a.repeats, cuda)
-        n = int(a.copy_gib * 1024**3) // 4
-        src = torch.ones(n, device=device)
-        dst = torch.empty_like(src)
-        dist.barrier()
-        copy_s = _time(lambda: dst.copy_(src), a.repeats, cuda)
+        flops, copy_bytes = _rates(a, device, dtype, cuda, start=dist.barrier)
         world = dist.get_world_size()
         piece = torch.ones(int(a.gather_mib * 1024**2) // 2, device=device, dtype=torch.bfloat16)
         whole = torch.empty(world * piece.numel(), device=device, dtype=torch.bfloat16)
@@ -98,7 +82,7 @@ def _with_collectives(a, dtype, cuda: bool) -> int:
         gather_s = _time(lambda: dist.all_gather_into_tensor(whole, piece), a.repeats, cuda)
         one = torch.ones(1, device=device)
         latency_s = _time(lambda: dist.all_reduce(one), 4 * a.repeats, cuda)
-        rates = torch.tensor([2 * a.size**3 / mm_s, 2 * n * 4 / copy_s], dtype=torch.float64)
+        rates = torch.tensor([flops, copy_bytes], dtype=torch.float64)
         rates = rates.to(device)
         dist.all_reduce(rates, op=dist.ReduceOp.MIN)  # the slowest rank's
         rates = rates.cpu()
@@ -126,6 +110,23 @@ def _with_collectives(a, dtype, cuda: bool) -> int:
             )
             print(f"  all-reduce of one element: {1e6 * latency_s:.0f} us")
     return 0
+
+
+def _rates(a, device, dtype, cuda: bool, start=lambda: None) -> tuple[float, float]:
+    """(matmul FLOP/s, copy bytes/s read and written) on ``device``; ``start`` runs before
+    each is timed (a barrier, so that every rank measures at once)."""
+    import torch
+
+    x = torch.randn(a.size, a.size, device=device, dtype=dtype)
+    y = torch.randn(a.size, a.size, device=device, dtype=dtype)
+    start()
+    mm_s = _time(lambda: torch.mm(x, y), a.repeats, cuda)
+    n = int(a.copy_gib * 1024**3) // 4
+    src = torch.ones(n, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    start()
+    copy_s = _time(lambda: dst.copy_(src), a.repeats, cuda)
+    return 2 * a.size**3 / mm_s, 2 * n * 4 / copy_s
 
 
 def _time(fn, repeats: int, cuda: bool) -> float:

@@ -24,7 +24,7 @@ from torchtitan.devices import DEVICES, device_by_key, find_device
 from torchtitan.errors import ConfigError, TorchTitanError
 from torchtitan.planning.calibrate import cpu_hardware
 from torchtitan.planning.cost import Hardware, gpu_hardware
-from torchtitan.planning.layouts import cli_overrides
+from torchtitan.planning.layouts import cli_overrides, given_keys
 from torchtitan.planning.planner import Plan, Planned, plan
 from torchtitan.train.memory_fit import checked_memory_gib
 
@@ -170,7 +170,7 @@ def write_config(
     source = job_config.job.config_file
     doc = tomlkit.parse(Path(source).read_text()) if source else tomlkit.document()
     given = {}
-    for key in _given_keys(train_args):
+    for key in given_keys(train_args):
         value = job_config
         for part in key.split("."):
             value = getattr(value, part)
@@ -191,20 +191,3 @@ def write_config(
     )
     Path(path).write_text(header + tomlkit.dumps(doc))
     return path
-
-
-def _given_keys(train_args: list[str]) -> list[str]:
-    """The current names of the ``section.key`` options given (old names through the aliases),
-    but the config file's own."""
-    from torchtitan.config.compat import ALIASES
-    from torchtitan.config.parse import split_cli
-
-    keys = []
-    for setting in split_cli(train_args):
-        alias = ALIASES.get(setting.written)
-        key = alias.new if alias is not None and alias.new else setting.written
-        if alias is not None and not alias.new:
-            continue  # an old key with no current one: accepted and ignored
-        if key != "job.config_file":
-            keys.append(key)
-    return keys

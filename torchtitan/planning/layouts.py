@@ -37,13 +37,23 @@ SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 MAX_TP = 8  # inside a node: TP's collectives are on the critical path
 
 
-def fixed_fields(cli: list[str]) -> set[str]:
-    """The Layout fields the command line sets (old upstream names included): the planner keeps
-    the config's value for those."""
-    given = set()
+def given_keys(cli: list[str]) -> list[str]:
+    """The current names of the ``section.key`` options given (old names through the aliases;
+    an old key with no current one, accepted and ignored, left out), but the config file's."""
+    keys = []
     for setting in split_cli(cli):
         alias = ALIASES.get(setting.written)
-        given.add(alias.new if alias is not None and alias.new else setting.written)
+        if alias is not None and not alias.new:
+            continue
+        key = alias.new if alias is not None else setting.written
+        if key != "job.config_file":
+            keys.append(key)
+    return keys
+
+
+def fixed_fields(cli: list[str]) -> set[str]:
+    """The Layout fields the command line sets: the planner keeps the config's value for those."""
+    given = set(given_keys(cli))
     fields = {name for name, key in KEYS.items() if key in given}
     if "activation_checkpoint.selective_ac_option" in given:
         fields.add("ac_option")  # not a field: how selective checkpointing is done
