@@ -24,6 +24,9 @@
 #   OMP_NUM_THREADS  intra-op threads per process (default on a machine without GPUs: its cores
 #                divided by NGPU, at least 1; with GPUs torchrun's 1)
 #   DRY_RUN=1    print the resolved launch and torchrun command, and exit
+#   MEMORY_CHECK preflight's memory check of a CUDA job: trace (default: the floor, then one step
+#                traced on fake tensors), floor (the floor alone), off (launch a job the
+#                prediction refuses)
 #   FT_LIGHTHOUSE  replica groups (--fault_tolerance.enable): "start" runs torchft's lighthouse
 #                here for as long as this script runs (port FT_LIGHTHOUSE_PORT, default 29510;
 #                FT_MIN_REPLICAS groups per quorum, default 1), or the URL of a running one
@@ -154,7 +157,8 @@ elif [ -n "${FT_LIGHTHOUSE:-}" ]; then
 fi
 
 # Check the configuration once, before any worker starts: one clear line and exit code 2 if bad.
-"$PYTHON" -m torchtitan.preflight --world-size "$world_size" --job.config_file "$CONFIG_FILE" "$@" || exit $?
+"$PYTHON" -m torchtitan.preflight --world-size "$world_size" --memory-check "${MEMORY_CHECK:-trace}" \
+  --job.config_file "$CONFIG_FILE" "$@" || exit $?
 export TORCHTITAN_CONFIG_CHECKED=1  # its warnings (old key names) are not repeated by the workers
 show_launch
 

@@ -1,6 +1,6 @@
 """The fast trace of the memory estimate (torchtitan/train/memory_estimate.py) against the
 full trace: the debug model's 6 layers traced at 3 and 4 and extrapolated give the peak of all
-6 traced; a pipeline is traced whole, each rank in a process of its own."""
+6 traced, and a MoE stack's too; a pipeline is traced whole, each rank in a process of its own."""
 
 from __future__ import annotations
 
@@ -39,3 +39,14 @@ def test_a_pipeline_is_traced_whole():
     e = estimate_memory([*DEBUG, *pp], 4, "cpu", fast=True)
     assert not any("extrapolated" in n for n in e["notes"])
     assert e["per_pp_rank"] and len(e["per_pp_rank"]) == 2
+
+
+def test_the_fast_trace_of_a_moe_stack_with_a_dense_first_layer():
+    """DeepSeek-V3's debug flavor at 8 layers (the first dense, the rest MoE with expert
+    parallel 2): traced at 4 and 5 layers and extrapolated, against all 8 traced."""
+    args = ["--job.config_file", "train_configs/deepseek_v3_debug.toml", "--model.n_layers", "8"]
+    args += ["--training.seq_len", "256", "--parallelism.expert_parallel_degree", "2"]
+    fast = estimate_memory(args, 4, "cpu", fast=True)
+    full = estimate_memory(args, 4, "cpu", fast=False)
+    assert any("traced with 4 and 5 layers" in n for n in fast["notes"]), fast["notes"]
+    assert fast["peak_gib"] == pytest.approx(full["peak_gib"], rel=0.01)

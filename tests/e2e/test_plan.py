@@ -5,8 +5,10 @@ one line."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from launcher import tensorboard_scalars, train_env
@@ -171,6 +173,7 @@ def test_no_layout_of_405b_fits_eight_gpus(tmp_path):
         (["--gpus", "2", "--device-type", "cpu"], "--calibration: planning for CPU processes"),
         (["--gpus", "2", "--gpu-type", "h100", "--device-memory-gib", "1"], "--device-memory-gib"),
         (["--gpus", "2", "--gpu-type", "h100", "--model.flavr", "x"], "model.flavr"),
+        (["--gpus", "2", "--gpu-type", "h100", "--write", "/nonexistent/plan.toml"], "--write"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, says):
@@ -178,3 +181,24 @@ def test_bad_input_is_one_line(tmp_path, args, says):
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], out.stderr
+
+
+def test_ctrl_c_stops_the_planner_quietly(tmp_path):
+    """Ctrl-C while it traces: exit 130 as a shell's commands do, no traceback, no config
+    written."""
+    tokenizer = llama3_sized_tiktoken(tmp_path / "llama3.model")
+    plan_toml = tmp_path / "plan.toml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchtitan.plan", "--gpus", "8", "--gpu-type", "h100",
+         "--write", str(plan_toml), "--job.config_file", "train_configs/llama3_8b.toml",
+         "--model.tokenizer_path", str(tokenizer)],
+        cwd=ROOT, env=train_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    time.sleep(12)  # imported and tracing (the whole plan takes a minute)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and out == "", (out, err)
+    assert not plan_toml.exists()

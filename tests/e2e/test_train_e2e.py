@@ -123,6 +123,12 @@ def test_launcher_reports_bad_config_before_torchrun(tmp_path, args, ngpu, expec
     assert "torch.distributed.run" not in out.stdout  # torchrun never started
 
 
+def test_launcher_passes_memory_check_to_preflight(tmp_path):
+    out = launch(tmp_path, ngpu=1, timeout=120, MEMORY_CHECK="none")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip() == "error: --memory-check: 'none' is not one of: trace, floor, off"
+
+
 @pytest.mark.slow
 def test_bad_data_in_a_worker_is_one_line_not_a_traceback(tmp_path):
     data = tmp_path / "bad.jsonl"

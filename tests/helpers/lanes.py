@@ -77,6 +77,7 @@ BESIDE_TESTS = frozenset(
         "tests/e2e/test_train_e2e.py::test_default_debug_run_loss_falls_and_writes_tensorboard",
         "tests/e2e/test_train_e2e.py::test_deterministic_cpu_runs_repeat_bit_for_bit",
         "tests/e2e/test_train_e2e.py::test_launcher_reports_bad_config_before_torchrun",
+        "tests/e2e/test_train_e2e.py::test_launcher_passes_memory_check_to_preflight",
         "tests/e2e/test_train_e2e.py::test_print_config_and_unset_seed_is_drawn_and_logged",
         "tests/e2e/test_train_e2e.py::test_llama2_with_sentencepiece_tokenizer_trains",
         "tests/e2e/test_train_e2e.py::test_step_one_every_log_freq_and_the_last_step_are_logged",

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
+from torchtitan.checkpoint.storage import write_atomic
 from torchtitan.config.parse import parse_args
 from torchtitan.devices import DEVICES, device_by_key, find_device
 from torchtitan.errors import ConfigError, TorchTitanError
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     except TorchTitanError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C while it traces: stop quietly, as a shell does
+        return 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +67,10 @@ def _main(argv: list[str]) -> int:
     a, train_args = _parser().parse_known_args(argv)
     if a.gpus < 1:
         raise ConfigError(f"--gpus: {a.gpus} must be >= 1")
+    if not a.no_write:  # said before the traces, not after
+        folder = os.path.dirname(a.write) or "."
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ConfigError(f"--write: {a.write}: the folder {folder} is not a writable folder")
     job_config = parse_args(train_args, need_files=False)
     hardware = _hardware(a)
     result = plan(job_config, train_args, a.gpus, hardware, a.device_type, a.top, a.max_traces)
@@ -189,5 +197,8 @@ def write_config(
         f"# predicted: {best.tokens_per_second_per_device:,.0f} tokens/s per GPU, "
         f"MFU {100 * best.mfu:.1f}%, peak {best.peak_gib:.1f} GiB per device\n"
     )
-    Path(path).write_text(header + tomlkit.dumps(doc))
+    try:
+        write_atomic(path, (header + tomlkit.dumps(doc)).encode())  # whole, or the old one kept
+    except OSError as e:
+        raise ConfigError(f"--write: {path}: {e.strerror or e}") from None
     return path

@@ -12,7 +12,9 @@ machine without the GPU; without either, this machine's smallest GPU, or the lar
 listed. A job whose parameters, gradients and optimizer state alone exceed it is refused; else
 one training step is traced on fake tensors (:mod:`torchtitan.train.memory_estimate`, the fast
 trace: seconds) and its peak per device is stated against the memory, or refused when over it,
-with the layout planner's command (``python -m torchtitan.plan``).
+with the layout planner's command (``python -m torchtitan.plan``). ``--memory-check floor`` stops
+after the floor (no trace), ``--memory-check off`` skips both (for a job the prediction refuses
+but that is known to fit; the launcher's ``MEMORY_CHECK``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        world_size, device, argv = _own_options(argv)
+        world_size, device, memory_check, argv = _own_options(argv)
     except ConfigError as e:
         print("\n".join(error_lines(e)), file=sys.stderr)
         return e.exit_code
@@ -73,8 +75,8 @@ def _main(argv: list[str] | None) -> int:
         with problems.collect():
             vocab = _check_job(job_config, world_size, device.type)
         problems.raise_if_any()
-        if (device.type or dist_utils.device_type) == "cuda":
-            _check_memory(job_config, world_size, device, vocab)
+        if (device.type or dist_utils.device_type) == "cuda" and memory_check != "off":
+            _check_memory(job_config, world_size, device, vocab, memory_check == "trace")
     except TorchTitanError as e:
         print("\n".join(error_lines(e)), file=sys.stderr)
         return e.exit_code
@@ -115,10 +117,11 @@ def _check_job(job_config: JobConfig, world_size: int, device_type: str | None) 
 
 
 def _check_memory(
-    job_config: JobConfig, world_size: int, device: _Device, vocab: int | None
+    job_config: JobConfig, world_size: int, device: _Device, vocab: int | None, trace: bool
 ) -> None:
     """The floor of the job's memory per device (parameters, gradients, optimizer state)
-    against its devices': refused, in one line, when over."""
+    against its devices': refused, in one line, when over; then (``trace``) the traced step's
+    peak."""
     memory = device_memory("cuda", device.gpu_type, device.memory_gib)
     guessed = memory is None
     memory = memory or largest_device()
@@ -129,7 +132,7 @@ def _check_memory(
     floor = state_floor_gib(job_config, model, world_size, weights_only=seed)
     fits, line = verdict(floor, memory, "parameters, gradients and optimizer state take at least")
     if fits:
-        if not seed:  # a seed checkpoint's job never steps: its weights are all it holds
+        if trace and not seed:  # a seed checkpoint's job never steps: its weights are all it holds
             _check_traced_peak(job_config, world_size, memory, vocab, device)
         return
     usable = memory.gib - RESERVE_GIB
@@ -170,7 +173,8 @@ def _check_traced_peak(
     raise ConfigError(
         f"{m.name} {m.flavor} on {world_size} device(s), {estimate['layout']}, "
         f"{line}; {_planner_command(job_config, device, str(world_size))} lists the layouts "
-        "that fit (scripts/estimate_memory.py shows this one's breakdown)"
+        "that fit (scripts/estimate_memory.py shows this one's breakdown; --memory-check floor, "
+        "the launcher's MEMORY_CHECK=floor, skips this prediction)"
     )
 
 
@@ -205,12 +209,15 @@ class _Device:
     memory_gib: float | None = None  # --device-memory-gib
 
 
-def _own_options(argv: list[str]) -> tuple[int, _Device, list[str]]:
-    """``--world-size N``, ``--device-type cuda|cpu``, ``--gpu-type KEY`` and
-    ``--device-memory-gib X``, anywhere among the train.py arguments (whose keys all have a
-    dot)."""
-    world_size, device, rest = 1, _Device(), []
-    own = ("--world-size", "--device-type", "--gpu-type", "--device-memory-gib")
+MEMORY_CHECKS = ("trace", "floor", "off")
+
+
+def _own_options(argv: list[str]) -> tuple[int, _Device, str, list[str]]:
+    """``--world-size N``, ``--device-type cuda|cpu``, ``--gpu-type KEY``,
+    ``--device-memory-gib X`` and ``--memory-check trace|floor|off``, anywhere among the train.py
+    arguments (whose keys all have a dot)."""
+    world_size, device, memory_check, rest = 1, _Device(), "trace", []
+    own = ("--world-size", "--device-type", "--gpu-type", "--device-memory-gib", "--memory-check")
     while argv:
         if argv[0] not in own:
             rest.append(argv.pop(0))
@@ -227,6 +234,12 @@ def _own_options(argv: list[str]) -> tuple[int, _Device, list[str]]:
             device.gpu_type = value
         elif name == "--device-memory-gib":
             device.memory_gib = checked_memory_gib(value)
+        elif name == "--memory-check":
+            if value not in MEMORY_CHECKS:
+                raise ConfigError(
+                    f"--memory-check: {value!r} is not one of: {', '.join(MEMORY_CHECKS)}"
+                )
+            memory_check = value
         elif value not in ("cuda", "cpu"):
             raise ConfigError(f"--device-type: {value!r} is not one of: cuda, cpu")
         else:
@@ -237,7 +250,7 @@ def _own_options(argv: list[str]) -> tuple[int, _Device, list[str]]:
                 "--device-type: cpu, but a GPU is named (--gpu-type or --device-memory-gib)"
             )
         device.type = "cuda"  # a GPU named: the job is planned for it
-    return world_size, device, rest
+    return world_size, device, memory_check, rest
 
 
 if __name__ == "__main__":

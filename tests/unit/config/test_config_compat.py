@@ -357,13 +357,15 @@ def test_device_type_cuda_judges_gpu_features_as_on_a_gpu(capsys, args):
     args = ["--world-size", "2", *args] if "2" in args else args
     rc, errors, _ = _preflight(capsys, *args)
     assert rc == 2 and "CUDA" in errors[0]  # this machine has no GPU
-    rc, errors, _ = _preflight(capsys, "--device-type", "cuda", *args)
+    # judged as on a GPU; the config is the question here, not the step's memory
+    rc, errors, _ = _preflight(capsys, "--device-type", "cuda", "--memory-check", "floor", *args)
     assert (rc, errors) == (0, [])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")
 def test_device_type_cuda_accepts_float8_without_a_gpu(capsys):
-    assert _preflight(capsys, "--device-type", "cuda", "--model.converters", "float8")[0] == 0
+    args = ["--device-type", "cuda", "--memory-check", "floor", "--model.converters", "float8"]
+    assert _preflight(capsys, *args)[0] == 0
 
 
 def test_dump_folder_that_cannot_be_written_is_one_line(capsys):

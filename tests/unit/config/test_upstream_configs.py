@@ -85,6 +85,8 @@ def test_upstream_config_passes_the_check_unedited(name, local_paths, capsys):
         "llama4_17bx16e_2025": ["--world-size", "64", "--device-type", "cuda"],
     }.get(name, [])
     path = str(UPSTREAM / f"{name}.toml")
+    # the config is checked, not the step's memory (traced in tests/unit/train/test_memory_fit.py)
+    device += ["--memory-check", "floor"] if device else []
     rc = preflight.main([*device, "--job.config_file", path, *local_paths[name]])
     err = capsys.readouterr().err
     assert rc == 0, err
@@ -176,6 +178,8 @@ def test_llama4_configs_pass_with_tokenizers_of_the_published_size(
             "64",
             "--device-type",
             "cuda",
+            "--memory-check",  # the config, not the step's memory
+            "floor",
             "--job.config_file",
             str(ROOT / "train_configs" / f"{config}.toml"),
             "--model.tokenizer_path",

@@ -108,6 +108,10 @@ def test_8b_on_8_h100s_with_fsdp_passes(capsys, llama3_tokenizer, tmp_path):
         (["--device-memory-gib", "nan"], "error: --device-memory-gib: 'nan' must be a number"),
         (["--device-memory-gib", "1.5"], "error: --device-memory-gib: '1.5' must be a number"),
         (["--device-type", "cpu", "--gpu-type", "h100"], "error: --device-type: cpu, but a GPU"),
+        (
+            ["--memory-check", "none"],
+            "error: --memory-check: 'none' is not one of: trace, floor, off",
+        ),
     ],
 )
 def test_bad_gpu_options_are_one_line(capsys, own, message, tmp_path):
@@ -138,3 +142,16 @@ def test_a_job_whose_step_does_not_fit_is_refused_with_the_planner_command(
         "python -m torchtitan.plan --gpus 8 --gpu-type h100 --job.config_file "
         "train_configs/llama3_8b.toml lists the layouts that fit" in err
     ), err
+    assert "--memory-check floor, the launcher's MEMORY_CHECK=floor, skips this prediction" in err
+    # the floor alone (no trace) lets it through; so does no check
+    for check in ("floor", "off"):
+        assert _preflight(capsys, "--memory-check", check, "--world-size", "8", *args) == (0, "")
+    assert capsys.readouterr().out == ""
+
+
+def test_memory_check_off_skips_the_floor_too(capsys, llama3_tokenizer, tmp_path):
+    args = ["--job.config_file", "train_configs/llama3_8b.toml", "--gpu-type", "h100"]
+    args += ["--model.tokenizer_path", llama3_tokenizer, "--job.dump_folder", str(tmp_path)]
+    rc, err = _preflight(capsys, "--world-size", "1", "--memory-check", "floor", *args)
+    assert rc == 2 and "at least 119.7 GiB per device" in err, err
+    assert _preflight(capsys, "--world-size", "1", "--memory-check", "off", *args) == (0, "")
