@@ -181,8 +181,9 @@ def _measure(dump: Path, args: list[str], a: argparse.Namespace, extra: list[str
         capture_output=True,
         text=True,
     )
-    if out.returncode != 0:
-        return {"error": (out.stdout + out.stderr).strip().splitlines()[-1:]}
+    if out.returncode != 0:  # the worker's own one-line error, else torchrun's last line
+        lines = (out.stdout + out.stderr).strip().splitlines()
+        return {"error": [x for x in lines if x.startswith("error: ")][:1] or lines[-1:]}
     ranks = [json.loads(f.read_text()) for f in sorted((dump / "memory").glob("rank_*.json"))]
     measured = summarize(dump, a.warmup)
     return {

@@ -41,6 +41,18 @@ def test_a_pipeline_is_traced_whole():
     assert e["per_pp_rank"] and len(e["per_pp_rank"]) == 2
 
 
+def test_a_pipeline_stage_accumulates_its_unsharded_gradients_in_float32():
+    """As torch's pipeline schedules run FSDP: no reduce-scatter before the last micro-batch's
+    backward, so each stage holds its whole (unsharded) gradients, in float32 when the compute
+    is bfloat16: dp_shard (2) times the float32 gradient shard the formula counts."""
+    pp = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "2"]
+    args = [*DEBUG, *pp, "--training.seq_len", "64", "--activation_checkpoint.mode", "full"]
+    e = estimate_memory(args, 4, "cuda", fast=True)
+    for rank in e["per_pp_rank"]:
+        shard = rank["formula_gib"]["gradients"]
+        assert rank["breakdown_gib"]["gradients"] == pytest.approx(2 * shard, rel=0.01), rank
+
+
 def test_the_fast_trace_of_a_moe_stack_with_a_dense_first_layer():
     """DeepSeek-V3's debug flavor at 8 layers (the first dense, the rest MoE with expert
     parallel 2): traced at 4 and 5 layers and extrapolated, against all 8 traced."""

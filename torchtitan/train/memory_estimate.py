@@ -14,8 +14,10 @@ What it does not model (stated in the output too): the CUDA caching allocator's 
 fragmentation (compare the estimate to ``memory/peak_active_gib``, i.e. max_memory_allocated),
 NCCL buffers and the CUDA context (~0.5-1 GiB), ``torch.compile`` (estimated without it; compiled
 blocks usually save less), and float8 (estimated in the compute dtype). With pipeline parallel,
-one micro-batch of each local stage is traced and its activations are multiplied by the number of
-micro-batches a stage holds at once (1F1B-style schedules: up to pp; GPipe: all of them).
+each local stage runs forward as many micro-batches as it holds at once (1F1B-style schedules:
+up to pp; GPipe: all of them), then their backwards as torch's schedules run them under FSDP:
+the stage's gathered parameters kept and its unsharded gradients accumulated (float32 with a
+bfloat16 compute) until the reduce-scatters after the last.
 
 Multi-token prediction (``deepseek_v3``'s depths) is traced as training runs it: the depths'
 blocks and logits on the last stage, the embeddings travelling with the hidden states between
@@ -34,6 +36,7 @@ experts' included (sharded over ep x efsdp, and their hidden width over tp).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -431,7 +434,6 @@ def _without_ddp():
     which meta and fake tensors cannot answer: the trace builds the model without it, and
     :func:`_trace_rank` adds what DDP keeps, its gradient buckets (``gradient_as_bucket_view``
     off: a copy of every gradient, from the first backward on)."""
-    import contextlib
 
     from torchtitan.distributed import parallelize
 
@@ -456,7 +458,6 @@ def _propagation_untracked():
     global shape, in the fake mode that is active: in a real run its own, which the tracker
     skips, but in the trace the trace's own, so the tracker took them for the step's tensors
     (the vocabulary-parallel loss's whole logits, twice). They are not tracked."""
-    import contextlib
 
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
@@ -484,7 +485,6 @@ def _balanced_routing():
     """Expert parallel's dispatch with balanced routing in place of the counts fake tensors do
     not have: of a rank's ``rows`` routed copies, expert ``e`` gets ``rows // E`` (one more for the
     first ``rows % E``), and every rank of the EP group sends the same."""
-    import contextlib
 
     import torch.distributed as dist
 
@@ -550,7 +550,7 @@ def _trace_stage(
                             loss_fn,
                         )
                     )
-            with loss_context(plan.dims, job_config):
+            with loss_context(plan.dims, job_config), _pipelined_fsdp(part, plan, tracker):
                 for loss in losses:
                     loss.backward()
             del losses
@@ -560,6 +560,54 @@ def _trace_stage(
                 optimizer.zero_grad()
             tracker._phase = "forward_backward"
     return {key: _by_kind(snapshot) for key, snapshot in tracker._segments.items()}
+
+
+@contextlib.contextmanager
+def _pipelined_fsdp(part, plan, tracker):
+    """A pipeline stage's backwards as torch.distributed.pipelining runs them under FSDP
+    (``backward_maybe_with_nosync`` and ``perform_reduce_grad`` of its stage, torch 2.13): no
+    gradient reduction and no resharding until the last micro-batch's backward, so that the
+    stage's gathered parameters stay and its unsharded gradients accumulate (in the reduce dtype,
+    float32, when it differs from the compute dtype: FSDP's ``unsharded_accumulated_grad``); then
+    the reduce-scatters run at once. The tracker, which saw the accumulated gradients made as
+    temporaries, counts them as gradients from each group's post-backward on."""
+    from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if plan.pipeline is None or not isinstance(part, FSDPModule):
+        yield
+        return
+    state = fully_shard.state(part)
+    groups = [g for s in state._state_ctx.all_states for g in s._fsdp_param_groups]
+
+    def counted_as_gradients(group, post_backward):
+        def run(*args, **kwargs):
+            out = post_backward(*args, **kwargs)
+            for param in group.fsdp_params:
+                if param.unsharded_accumulated_grad is not None:
+                    grad = param.unsharded_accumulated_grad
+                    tracker._update_and_maybe_create_winfos(grad, _FSDPRefType.UNSHARDED_GRAD)
+            return out
+
+        return run
+
+    tracked = {id(g): g.post_backward for g in groups}
+    for group in groups:
+        group.post_backward = counted_as_gradients(group, tracked[id(group)])
+    part.set_is_last_backward(False)
+    part.set_reshard_after_backward(False)
+    part.set_requires_gradient_sync(False)
+    try:
+        yield
+        part.set_is_last_backward(True)
+        part.set_reshard_after_backward(True)
+        part.set_requires_gradient_sync(True)
+        for group in groups:
+            group.post_backward()
+        state._root_post_backward_final_callback()
+    finally:
+        for group in groups:
+            group.post_backward = tracked[id(group)]
 
 
 def _by_kind(snapshot: dict) -> dict:
@@ -600,7 +648,6 @@ def _stage_forward(part, model_args, ends, shape, dtype, loss_fn):
 
 def _autocast(plan, dtype):
     """train.py casts with autocast when FSDP does not (GPU, no FSDP); the CPU autocast stands in."""
-    import contextlib
 
     import torch
 
