@@ -13,7 +13,11 @@ a 1B run, ``planning/cost.py``) scaled by one factor fitted to one published run
 case); the others check the model. The 405B runs were published with float8 and asynchronous
 TP only, which the cost model does not model: they are divided by the same team's measured
 gains of each (float8 1.28x: 8,532 / 6,667 tokens/s, 8B on 8 GPUs; asynchronous TP 1.09x:
-652.4 / 597.3, 70B on 256 GPUs) to compare. The Llama 3 tokenizer is a stand-in of its size.
+652.4 / 597.3, 70B on 256 GPUs) to compare. The 405B runs split the local batch of 32 into 8
+micro-batches of 4, upstream's default then (``pipeline_parallel_microbatches`` unset: the
+pipeline degree; ``torchtitan/parallelisms/pipelining_utils.py`` at the benchmark's commit
+9dec370), and Interleaved1F1B put 2 stages on each rank (its ``generate_split_points``). The Llama
+3 tokenizer is a stand-in of its size.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ TT_2025 = "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.
 FLOAT8, ASYNC_TP = 8532 / 6667, 652.4 / 597.3
 
 
-def _layout(dp_shard, tp=1, pp=1, ac="selective", local=1, schedule=None) -> list[str]:
+def _layout(dp_shard, tp=1, pp=1, ac="selective", local=1, schedule=None, micro=1) -> list[str]:
     out = [
         "--parallelism.data_parallel_shard_degree", str(dp_shard),
         "--parallelism.tensor_parallel_degree", str(tp),
@@ -48,7 +52,7 @@ def _layout(dp_shard, tp=1, pp=1, ac="selective", local=1, schedule=None) -> lis
     if schedule:
         out += [
             "--parallelism.pipeline_parallel_schedule", schedule,
-            "--parallelism.pipeline_parallel_microbatch_size", "1",
+            "--parallelism.pipeline_parallel_microbatch_size", str(micro),
         ]  # fmt: skip
     return out
 
@@ -59,8 +63,8 @@ CASES = [
     ("8B FSDP 128, compile", "llama3_8b", 128, _layout(128, local=2), 256, 6514, f"{TT_2024} table 3"),
     ("8B FSDP 8 x TP 8", "llama3_8b", 64, _layout(8, tp=8, local=12), 96, 4378, f"{TT_2025} (vanilla TP, bf16)"),
     ("70B FSDP 32 x TP 8", "llama3_70b", 256, _layout(32, tp=8, ac="full", local=16), 512, 597.3, f"{TT_2025} (vanilla TP, bf16)"),
-    ("405B 1F1B", "llama3_405b", 512, _layout(8, 8, 8, "full", 32, "1F1B"), 256, 100 / FLOAT8 / ASYNC_TP, f"{TT_2024} table 5 / 1.28 / 1.09"),
-    ("405B Interleaved1F1B", "llama3_405b", 512, _layout(8, 8, 8, "full", 32, "Interleaved1F1B"), 256, 128 / FLOAT8 / ASYNC_TP, f"{TT_2024} table 5 / 1.28 / 1.09"),
+    ("405B 1F1B", "llama3_405b", 512, _layout(8, 8, 8, "full", 32, "1F1B", 4), 256, 100 / FLOAT8 / ASYNC_TP, f"{TT_2024} table 5 / 1.28 / 1.09"),
+    ("405B Interleaved1F1B", "llama3_405b", 512, _layout(8, 8, 8, "full", 32, "Interleaved1F1B", 4), 256, 128 / FLOAT8 / ASYNC_TP, f"{TT_2024} table 5 / 1.28 / 1.09"),
 ]  # fmt: skip
 
 

@@ -260,3 +260,34 @@ def test_muon_step_shares_out_the_matrices_with_the_same_result(tmp_path):
     assert r["ranks"] == 2 and r["matrices"] == 30 and r["parameters"] == 4_718_592, r
     assert r["equal"] is True and r["every_rank_s"] > 0 and r["shared_out_s"] > 0, r
     assert r["speedup"] == pytest.approx(r["every_rank_s"] / r["shared_out_s"])
+
+
+@pytest.mark.slow
+def test_gpu_suite_runs_its_parts_within_the_budget_and_reports_them(tmp_path):
+    """The suite's wiring on this machine: the parts chosen run (the ceilings on CPU), each
+    one's JSON lands in suite.json with its status and time, and a part that cannot start
+    within the budget is skipped, not run."""
+    out = tmp_path / "suite"
+    env = train_env(tmp_path, PARTS="env tokenizer ceilings", T_TOTAL="300")
+    run = subprocess.run(
+        ["bash", "benchmarks/gpu_suite.sh", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    suite = json.loads((out / "suite.json").read_text())
+    parts = suite["parts"]
+    assert list(parts) == ["env", "tokenizer", "ceilings"], run.stdout[-2000:]
+    assert all(p["status"] == "ok" for p in parts.values()), parts
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert parts["env"]["result"]["device"] == "no CUDA device"
+    assert parts["ceilings"]["result"]["matmul"]["tflops"] > 0
+    assert (out / "llama3.model").stat().st_size > 1_000_000  # Llama 3's 128,000 ranks
+    assert "ceilings" in run.stdout and "matmul" in run.stdout
+    # no budget left: every part skipped, and the report says so (exit 1: not all ok)
+    env = train_env(tmp_path, PARTS="env ceilings", T_TOTAL="5")
+    run = subprocess.run(
+        ["bash", "benchmarks/gpu_suite.sh", str(tmp_path / "none")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    parts = json.loads((tmp_path / "none" / "suite.json").read_text())["parts"]
+    assert [p["status"].startswith("skipped") for p in parts.values()] == [True, True]
+    assert run.returncode == 1
