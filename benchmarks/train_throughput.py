@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -96,16 +97,27 @@ def _parse_setting(text: str, parser, ngpu: int) -> tuple[str, list[str], int]:
 
 
 def _run(config: str, ngpu: int, args: list[str]) -> tuple[int, str]:
+    """One launch; stopped (SIGTERM, e.g. a time limit), it stops the launcher first, whose
+    workers are in sessions of their own, and waits for it, then exits 143."""
     env = dict(os.environ, CONFIG_FILE=config, NGPU=str(ngpu), LOG_RANK="0")
-    out = subprocess.run(
+    proc = subprocess.Popen(
         ["bash", str(ROOT / "run_llama_train.sh"), *args],
         cwd=ROOT,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
-    lines = (out.stdout + out.stderr).strip().splitlines()
-    return out.returncode, next(
+    stopped = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.append(proc.terminate()))
+    try:
+        stdout, stderr = proc.communicate()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if stopped:
+        raise SystemExit(143)
+    lines = (stdout + stderr).strip().splitlines()
+    return proc.returncode, next(
         (ln for ln in reversed(lines) if ln.startswith("error")), lines[-1] if lines else ""
     )
 

@@ -75,8 +75,8 @@ def format_table(e: dict) -> str:
     lines.append(f"  {'peak':14}{e['peak_gib']:14.3f}  GiB")
     if e["microbatches_in_flight"] > 1:
         lines.append(
-            f"  (traced with {e['microbatches_in_flight']} micro-batches forward before the first "
-            "backward, as the pipeline warm-up holds them)"
+            f"  (traced with up to {e['microbatches_in_flight']} micro-batches a stage forward "
+            "before its first backward, as the pipeline schedule holds them)"
         )
     lines.append(
         "  formula: steady state after the first step (float32 parameters and gradients, "

@@ -51,6 +51,20 @@ def test_a_pipeline_stage_accumulates_its_unsharded_gradients_in_float32():
     for rank in e["per_pp_rank"]:
         shard = rank["formula_gib"]["gradients"]
         assert rank["breakdown_gib"]["gradients"] == pytest.approx(2 * shard, rel=0.01), rank
+    # the planner's floor for the layout counts them too, and stays below the traced peak
+    from torchtitan.config.parse import parse_args
+    from torchtitan.devices import device_by_key
+    from torchtitan.planning.cost import gpu_hardware
+    from torchtitan.planning.layouts import config_layout
+    from torchtitan.planning.planner import _facts, _Walk
+
+    cfg = parse_args(args, need_files=False)
+    walk = _Walk(cfg, 4, gpu_hardware(device_by_key("h100")), "cuda", _facts(cfg), 4)
+    lay = config_layout(cfg, 4)
+    floor, (params, _) = walk._floor_gib(lay), walk._sizes(lay)
+    whole = min(r["breakdown_gib"]["gradients"] for r in e["per_pp_rank"])
+    weights_and_moments = walk.fixed_bytes * params / 1024**3
+    assert weights_and_moments + whole <= floor <= e["peak_gib"], (floor, whole, e["peak_gib"])
 
 
 def test_the_fast_trace_of_a_moe_stack_with_a_dense_first_layer():

@@ -174,6 +174,7 @@ def test_no_layout_of_405b_fits_eight_gpus(tmp_path):
         (["--gpus", "2", "--gpu-type", "h100", "--device-memory-gib", "1"], "--device-memory-gib"),
         (["--gpus", "2", "--gpu-type", "h100", "--model.flavr", "x"], "model.flavr"),
         (["--gpus", "2", "--gpu-type", "h100", "--write", "/nonexistent/plan.toml"], "--write"),
+        (["--gpus", "2", "--gpu-type", "h100", "--write", "/tmp"], "--write: /tmp is a folder"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, says):

@@ -17,6 +17,7 @@ Listings are read fresh (s3fs caches them; other ranks and runs write the same f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from typing import Any
@@ -92,11 +93,16 @@ def write_atomic(path: str, data: bytes) -> None:
         return
     folder, name = os.path.split(path)
     tmp = os.path.join(folder, f".{name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, Ctrl-C: no temporary file left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def remove(path: str, first: str | None = None) -> bool:

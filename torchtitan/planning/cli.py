@@ -71,6 +71,8 @@ def _main(argv: list[str]) -> int:
         folder = os.path.dirname(a.write) or "."
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             raise ConfigError(f"--write: {a.write}: the folder {folder} is not a writable folder")
+        if os.path.isdir(a.write):
+            raise ConfigError(f"--write: {a.write} is a folder; give a file name (plan.toml)")
     job_config = parse_args(train_args, need_files=False)
     hardware = _hardware(a)
     result = plan(job_config, train_args, a.gpus, hardware, a.device_type, a.top, a.max_traces)

@@ -215,7 +215,23 @@ class _Walk:
         mode = lay.ac.partition(":")[0]
         coefficient = max(ACT_FLOOR[mode], LEARNED_SHARE * self.learned.get(mode, 0.0))
         saved = coefficient * token_dims
-        return (self.fixed_bytes * params + max(self.grad_bytes * params, saved)) / GIB
+        gathered, grads = self._pipelined_fsdp_bytes(lay, params)
+        return (self.fixed_bytes * params + gathered + max(grads, saved)) / GIB
+
+    def _pipelined_fsdp_bytes(self, lay: Layout, params: float) -> tuple[float, float]:
+        """The gathered weights and the gradients a device holds at the end of its backwards.
+        Under PP with FSDP, torch's schedules reduce-scatter only after the last micro-batch's
+        backward: until then a stage's dense weights stay gathered (2 bytes each at the least)
+        and their gradients accumulate whole (in the reduce dtype); the experts' are counted
+        sharded (EP shards them otherwise). Else no gathered weights, and the gradient shard."""
+        shard = lay.dp_shard * lay.cp
+        if lay.pp == 1 or shard == 1 or self.grad_bytes == 0:
+            return 0.0, self.grad_bytes * params
+        m = self.facts
+        dense = params * (1 - m.expert_parameters / m.parameters)
+        reduce_bytes = 2 if self.job_config.training.mixed_precision_reduce == "bfloat16" else 4
+        whole = reduce_bytes * dense * shard + self.grad_bytes * (params - dense)
+        return 2 * dense * shard, max(whole, self.grad_bytes * params)
 
     def _sizes(self, lay: Layout) -> tuple[float, float]:
         """A device's parameters (the blocks split over pp, everything over tp x dp_shard x
@@ -237,7 +253,10 @@ class _Walk:
         moments, the least seen per checkpointing mode: the floor of the layouts not yet
         traced takes ``LEARNED_SHARE`` of it."""
         params, token_dims = self._sizes(lay)
-        held = (peak_gib * GIB - self.fixed_bytes * params) / token_dims
+        state = self.fixed_bytes * params
+        if lay.pp > 1:  # a stage's gathered weights and whole gradients are not per token
+            state += sum(self._pipelined_fsdp_bytes(lay, params))
+        held = max(0.0, peak_gib * GIB - state) / token_dims
         mode = lay.ac.partition(":")[0]
         self.learned[mode] = min(self.learned.get(mode, held), held)
 

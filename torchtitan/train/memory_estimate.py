@@ -394,13 +394,15 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
         optimizer = build_optimizer(list(parts.values()), job_config.optimizer)
         loss_fn = build_loss_fn(dims, job_config, list(parts.values()))
         batch = plan.pipeline.microbatch_size if plan.pipeline else t.local_batch_size
-        inflight = _microbatches_in_flight(plan, pp_rank)
-        shape = (inflight, batch, t.seq_len // dims.cp)
+        inflight = _microbatches_in_flight(plan, pp_rank, len(parts))
         dtype = _param_dtype(job_config, device_type)
         stages = [
-            _trace_stage(part, opt, stage, plan, model_args, shape, dtype, job_config, loss_fn)
-            for (stage, part), opt in zip(parts.items(), optimizer.per_part)
-        ]
+            _trace_stage(
+                part, opt, stage, plan, model_args, (held, batch, t.seq_len // dims.cp), dtype,
+                job_config, loss_fn,
+            )
+            for (stage, part), opt, held in zip(parts.items(), optimizer.per_part, inflight)
+        ]  # fmt: skip
     state, local_parameters = _formula_state(parts, job_config)
     if len(stages) == 1:
         segments = stages[0]
@@ -417,7 +419,7 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
             "pp_rank": pp_rank,
             "segments_gib": segments,
             "formula_gib": {k: v / GIB for k, v in state.items()},
-            "microbatches_in_flight": inflight,
+            "microbatches_in_flight": max(inflight),
             "local_parameters": local_parameters,
         }
     )
@@ -594,20 +596,25 @@ def _pipelined_fsdp(part, plan, tracker):
     tracked = {id(g): g.post_backward for g in groups}
     for group in groups:
         group.post_backward = counted_as_gradients(group, tracked[id(group)])
-    part.set_is_last_backward(False)
-    part.set_reshard_after_backward(False)
-    part.set_requires_gradient_sync(False)
+    _fsdp_syncs(part, False)
     try:
         yield
-        part.set_is_last_backward(True)
-        part.set_reshard_after_backward(True)
-        part.set_requires_gradient_sync(True)
+        _fsdp_syncs(part, True)
         for group in groups:
             group.post_backward()
         state._root_post_backward_final_callback()
-    finally:
+    finally:  # as the module was, also when the trace fails
+        _fsdp_syncs(part, True)
         for group in groups:
             group.post_backward = tracked[id(group)]
+
+
+def _fsdp_syncs(part, on: bool) -> None:
+    """FSDP's gradient reduction and resharding after backward, on or off (for the last
+    micro-batch's backward, or for those before it)."""
+    part.set_is_last_backward(on)
+    part.set_reshard_after_backward(on)
+    part.set_requires_gradient_sync(on)
 
 
 def _by_kind(snapshot: dict) -> dict:
@@ -762,11 +769,31 @@ def _formula_state(parts, job_config) -> tuple[dict, int]:
     return {"parameters": 4 * n, "gradients": 4 * n, "optimizer": state_bytes * moments}, n
 
 
-def _microbatches_in_flight(plan, pp_rank: int) -> int:
-    """How many micro-batches' activations a pipeline rank holds at its peak."""
+def _microbatches_in_flight(plan, pp_rank: int, local_stages: int) -> list[int]:
+    """How many micro-batches' activations each of a pipeline rank's stages holds at its peak."""
     p = plan.pipeline
     if p is None:
-        return 1
+        return [1] * local_stages
     if p.schedule == "GPipe":  # every forward before any backward
-        return p.n_microbatches
-    return min(p.n_microbatches, p.pp - pp_rank)  # 1F1B-style warm-up depth of this rank
+        return [p.n_microbatches] * local_stages
+    if p.schedule == "Interleaved1F1B" and local_stages > 1:
+        return interleaved_in_flight(p.pp, pp_rank, local_stages, p.n_microbatches)
+    return [min(p.n_microbatches, p.pp - pp_rank)] * local_stages  # 1F1B's warm-up depth
+
+
+def interleaved_in_flight(pp: int, rank: int, v: int, n: int) -> list[int]:
+    """The most micro-batches each of a rank's ``v`` stages holds under torch's Interleaved1F1B
+    (``ScheduleInterleaved1F1B._calculate_single_rank_operations``, torch 2.13): a warm-up of
+    ``(v - 1) x per_round + 2 x (pp - 1 - rank)`` forwards, rounds of ``per_round`` micro-batches
+    going through the local stages in turn, then one forward and one backward at a time (the
+    backwards through the stages in reverse), then the rest of the backwards."""
+    per_round = n // max(1, n // pp)
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), n * v)
+    held, most = [0] * v, [0] * v
+    for op in range(n * v):  # the cool-down's backwards after these only free
+        local = (op // per_round) % v  # the warm-up's forwards, then one per 1F1B step
+        held[local] += 1
+        most[local] = max(most[local], held[local])
+        if op >= warmup:  # the 1F1B step's backward
+            held[v - 1 - ((op - warmup) // per_round) % v] -= 1
+    return most

@@ -173,8 +173,8 @@ def _check_traced_peak(
     raise ConfigError(
         f"{m.name} {m.flavor} on {world_size} device(s), {estimate['layout']}, "
         f"{line}; {_planner_command(job_config, device, str(world_size))} lists the layouts "
-        "that fit (scripts/estimate_memory.py shows this one's breakdown; --memory-check floor, "
-        "the launcher's MEMORY_CHECK=floor, skips this prediction)"
+        "that fit (scripts/estimate_memory.py shows this one's breakdown; MEMORY_CHECK=floor "
+        "./run_llama_train.sh, or preflight's --memory-check floor, skips this prediction)"
     )
 
 

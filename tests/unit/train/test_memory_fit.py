@@ -142,7 +142,10 @@ def test_a_job_whose_step_does_not_fit_is_refused_with_the_planner_command(
         "python -m torchtitan.plan --gpus 8 --gpu-type h100 --job.config_file "
         "train_configs/llama3_8b.toml lists the layouts that fit" in err
     ), err
-    assert "--memory-check floor, the launcher's MEMORY_CHECK=floor, skips this prediction" in err
+    assert (
+        "MEMORY_CHECK=floor ./run_llama_train.sh, or preflight's --memory-check floor, skips "
+        "this prediction)" in err
+    ), err
     # the floor alone (no trace) lets it through; so does no check
     for check in ("floor", "off"):
         assert _preflight(capsys, "--memory-check", check, "--world-size", "8", *args) == (0, "")
