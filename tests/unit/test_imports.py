@@ -59,8 +59,9 @@ ALLOWED: dict[str, set[str]] = {
         "lora",
     },  # fmt: skip
     # the layout planner: layouts, the cost model, the traced memory estimate (it builds and
-    # traces the model as training does)
+    # traces the model as training does); its config written whole (checkpoint.storage)
     "planning": {
+        "checkpoint",
         "config",
         "distributed",
         "models.common",
