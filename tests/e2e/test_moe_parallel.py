@@ -85,6 +85,14 @@ LAYOUTS = {
     # the all-to-alls are graph breaks; the rest of each block is compiled
     "llama4_ep2_compile": ("llama4", 2, [*_ep(2), *COMPILE_AOT_EAGER, *_batch(4)]),
     "qwen3_moe_ep2": ("qwen3_moe", 2, [*_ep(2), *_batch(4)]),
+    # per-op selective checkpointing around experts FSDP does not shard with their block: the
+    # replay once failed on FSDP's profiler ranges (pytorch/torchtitan#3427)
+    "qwen3_moe_ep4_sac_op": (
+        "qwen3_moe",
+        4,
+        [*_ep(4), *_batch(2), "--activation_checkpoint.mode", "selective"]
+        + ["--activation_checkpoint.selective_ac_option", "op"],
+    ),
     "qwen3_moe_fsdp2": ("qwen3_moe", 2, _batch(4)),
 }
 

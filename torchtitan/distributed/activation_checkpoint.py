@@ -22,6 +22,28 @@ _SAVE_OPS = {
 }
 
 
+def _ignore_profiler_ranges() -> None:
+    """Keep the profiler's ``record_function`` ranges out of per-op checkpointing's replay.
+    Selective checkpointing numbers every op a block runs in its forward and expects the same
+    ops, in the same number, when it recomputes the block; FSDP opens ranges (pre_forward,
+    all_gather, ...) as its hooks run, and a block holding a module FSDP shards apart (the
+    routed experts under expert parallel) opens a different number of them in the forward and
+    in the recomputation, so the replay fails ("profiler._record_function_enter_new.default
+    invocation index 3 encountered during backward but not found in storage", torch 2.13;
+    pytorch/torchtitan#3427). The ranges are annotations, not computation: torch's own list of
+    ops the replay skips (``SAC_IGNORED_OPS``, as pytorch/pytorch#196862 proposes) takes them."""
+    from torch.utils import checkpoint
+
+    ops = torch.ops.profiler
+    names = ("_record_function_enter", "_record_function_enter_new", "_record_function_exit")
+    for name in names:
+        packet = getattr(ops, name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            checkpoint.SAC_IGNORED_OPS.add(getattr(packet, overload))
+
+
 def _op_policy(ctx, op, *args, **kwargs):
     from torch.utils.checkpoint import CheckpointPolicy
 
@@ -36,6 +58,7 @@ def apply_ac(model: nn.Module, mode: str, option: str) -> None:
     every = 1
     kwargs = {}
     if mode == "selective" and option == "op":
+        _ignore_profiler_ranges()
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _op_policy)
     elif mode == "selective":
         if not option.isdigit() or int(option) < 1:
