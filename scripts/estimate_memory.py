@@ -75,8 +75,8 @@ def format_table(e: dict) -> str:
     lines.append(f"  {'peak':14}{e['peak_gib']:14.3f}  GiB")
     if e["microbatches_in_flight"] > 1:
         lines.append(
-            f"  (traced with up to {e['microbatches_in_flight']} micro-batches a stage forward "
-            "before its first backward, as the pipeline schedule holds them)"
+            f"  (traced with up to {e['microbatches_in_flight']} micro-batches held by a stage, "
+            "before and beside its gradients, in the order its pipeline schedule runs them)"
         )
     lines.append(
         "  formula: steady state after the first step (float32 parameters and gradients, "

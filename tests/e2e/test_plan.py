@@ -151,6 +151,30 @@ def test_llama3_8b_on_eight_h100s_planned_from_this_machine(tmp_path):
     assert tp8[0]["terms_seconds"]["tp"] > 0
 
 
+def test_expert_parallel_borrows_the_tensor_parallel_ranks_with_whole_experts(tmp_path):
+    """Qwen3-MoE's debug flavor on 4 GPUs with TP 2 and EP 4 asked for: only whole experts
+    (expert_tensor_parallel_degree 1, EP over the TP ranks too) make EP 4 of 4 devices, and
+    the written config says so; with the experts split over TP as well, EP 4 has only
+    dp_shard x cp = 2 ranks to borrow and nothing fits."""
+    plan_toml = tmp_path / "plan.toml"
+    base = [
+        "--gpus", "4", "--gpu-type", "h100", "--top", "2", "--max-traces", "4",
+        "--job.config_file", "train_configs/qwen3_moe_debug.toml",
+        "--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_parallel_degree", "4",
+    ]  # fmt: skip
+    layouts = json.loads(_plan(tmp_path, *base, "--json", "--write", str(plan_toml)).stdout)
+    assert layouts and all(lay["fits"] for lay in layouts)
+    for lay in layouts:
+        assert lay["degrees"]["ep"] == 4 and lay["degrees"]["etp"] == 1, lay
+        assert lay["overrides"]["parallelism.expert_tensor_parallel_degree"] == 1
+        assert lay["terms_seconds"]["ep"] > 0
+    assert "expert_tensor_parallel_degree = 1" in plan_toml.read_text()
+    split = ["--parallelism.expert_tensor_parallel_degree", "2", "--no-write"]
+    out = _plan(tmp_path, *base, *split, check=False)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "expert_parallel_degree: 4 must divide" in out.stdout, out.stdout
+
+
 def test_no_layout_of_405b_fits_eight_gpus(tmp_path):
     """Its model state alone is 16 bytes x 405e9 / 8 per device: every layout is ruled out
     before a trace, and the planner says so in one line and exits 1."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -303,16 +304,7 @@ def check_pipeline_config(
     if pp > n_layers:
         raise ConfigError(f"{_DEGREE}: {pp} exceeds the model's {n_layers} layers")
     _check_composes(p, compile_enabled, ac, schedule)
-    if p.pipeline_parallel_split_points:
-        stage_layers = _stages_at(p.pipeline_parallel_split_points, n_layers, schedule, pp)
-        if p.pipeline_parallel_layers_per_stage is not None:
-            raise ConfigError(f"{_LPS}: give it or {_SPLIT}, not both")
-    else:
-        first = p.pipeline_parallel_first_stage_less_layers
-        last = p.pipeline_parallel_last_stage_less_layers
-        lps = p.pipeline_parallel_layers_per_stage
-        num = _num_stages(schedule, pp, n_layers, lps, first, last)
-        stage_layers = split_layers(n_layers, num, first, last)
+    stage_layers = layers_of_stages(p, schedule, pp, n_layers)
     mbs = p.pipeline_parallel_microbatch_size
     local = local_batch_size
     n_mb = _check_microbatches(schedule, local, mbs, len(stage_layers), pp)
@@ -320,6 +312,21 @@ def check_pipeline_config(
     if csv_path and check_schedule_csv(plan):
         _check_composes(p, compile_enabled, ac, schedule, key=_CSV)
     return plan
+
+
+def layers_of_stages(p: Parallelism, schedule: str, pp: int, n_layers: int) -> tuple:
+    """Each stage's block ids: from the split points, else ``layers_per_stage`` or one stage
+    per rank (two for multi-stage schedules), as :func:`split_layers` cuts them; a one-line
+    ConfigError when the keys do not make the schedule's stages."""
+    if p.pipeline_parallel_split_points:
+        if p.pipeline_parallel_layers_per_stage is not None:
+            raise ConfigError(f"{_LPS}: give it or {_SPLIT}, not both")
+        return _stages_at(p.pipeline_parallel_split_points, n_layers, schedule, pp)
+    first = p.pipeline_parallel_first_stage_less_layers
+    last = p.pipeline_parallel_last_stage_less_layers
+    lps = p.pipeline_parallel_layers_per_stage
+    num = _num_stages(schedule, pp, n_layers, lps, first, last)
+    return split_layers(n_layers, num, first, last)
 
 
 def check_schedule_csv(plan: PipelinePlan) -> bool:
@@ -432,6 +439,99 @@ def _stages_at(points: list[str], n_layers: int, schedule: str, pp: int) -> tupl
             f"pipeline_parallel_degree={pp} with the {schedule} schedule needs {want}"
         )
     return stages
+
+
+def rank_order(plan: PipelinePlan, pp_rank: int) -> tuple[tuple[int, str], ...]:
+    """The compute actions ``pp_rank`` runs in one step, in order, as ``(stage, kind)``: kind F
+    (forward), B (full backward), I or W (backward's input and weight halves). The CSV file's row
+    when the plan has one, else the schedule's own order (:func:`schedule_order`)."""
+    if not plan.schedule_csv:
+        return schedule_order(plan.schedule, plan.pp, plan.num_stages, plan.n_microbatches, pp_rank)
+    from torch.distributed.pipelining.schedules import _Action
+
+    with open(plan.schedule_csv, newline="") as f:  # checked by check_schedule_csv
+        row = list(csv.reader(f))[pp_rank]
+    actions = [_Action.from_str(cell) for cell in row]
+    return tuple((a.stage_index, a.computation_type.value) for a in actions if a is not None)
+
+
+@functools.lru_cache(maxsize=256)
+def schedule_order(
+    schedule: str, pp: int, num_stages: int, n: int, pp_rank: int, exact: bool = False
+) -> tuple[tuple[int, str], ...]:
+    """:func:`rank_order` of a named schedule. GPipe: every forward, then every backward. 1F1B
+    (torch's ``Schedule1F1B``): ``min(n, pp - rank)`` forwards, then a backward and a forward in
+    turn, then the remaining backwards. Multi-stage schedules: torch's own ``pipeline_order``,
+    laid out by the schedule from stand-in stages (an overlapped forward and backward as the
+    forward, then the backward); where this torch's schedule cannot be laid out that way, an
+    order that holds the most any can (every forward of every local stage, then the
+    backwards; with ``exact``, the error instead)."""
+    if schedule == "GPipe":
+        return tuple([(pp_rank, "F")] * n + [(pp_rank, "B")] * n)
+    if schedule == "1F1B":
+        warmup = min(n, pp - pp_rank)
+        steady = [a for _ in range(n - warmup) for a in ((pp_rank, "B"), (pp_rank, "F"))]
+        return tuple([(pp_rank, "F")] * warmup + steady + [(pp_rank, "B")] * warmup)
+    plan = PipelinePlan(schedule, pp, ((),) * num_stages, 1, n)
+    local = plan.stages_of(pp_rank)
+    try:
+        order = _torch_order(plan, local, pp_rank)
+    except Exception:  # noqa: BLE001 - another torch's constructor reads more of a stage
+        if exact:
+            raise
+        return tuple(
+            [(s, "F") for s in local for _ in range(n)]
+            + [(s, "B") for s in local for _ in range(n)]
+        )
+    out = []
+    for action in order:
+        for a in action.sub_actions or (action,):
+            out.append((a.stage_index, a.computation_type.value))
+    return tuple(out)
+
+
+def holding(order: tuple[tuple[int, str], ...]) -> Iterator[tuple[dict[int, int], set[int]]]:
+    """After each action of a rank's ``order`` (:func:`rank_order`): how many micro-batches'
+    activations each stage holds (a forward keeps them, a full or weight backward frees them,
+    an input backward keeps them for its weight half), and the stages whose gradients exist
+    (from their first full or weight backward on). The same objects, updated in place."""
+    held = {stage: 0 for stage, _ in order}
+    grads: set[int] = set()
+    for stage, kind in order:
+        if kind == "F":
+            held[stage] += 1
+        elif kind in "BW":
+            held[stage] -= 1
+            grads.add(stage)
+        yield held, grads
+
+
+def residency(order: tuple[tuple[int, str], ...]) -> dict[int, tuple[int, int]]:
+    """For each stage in ``order``: the most micro-batches it holds before its first gradient
+    exists, and the most it holds while its gradients exist (0 if never) (:func:`holding`)."""
+    before: dict[int, int] = {}
+    after: dict[int, int] = {}
+    for held, grads in holding(order):
+        for stage, n in held.items():
+            most = after if stage in grads else before
+            most[stage] = max(most.get(stage, 0), n)
+    return {stage: (before.get(stage, 0), after.get(stage, 0)) for stage, _ in order}
+
+
+def _torch_order(plan: PipelinePlan, local: list[int], pp_rank: int) -> list[Any]:
+    """``pp_rank``'s compute actions as torch's schedule class lays them out (no process group:
+    the layout reads only a stage's index, rank, and place in the pipeline)."""
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    class StandIn:
+        def __init__(self, index: int):
+            self.stage_index, self.group_size, self.group_rank = index, plan.pp, pp_rank
+            self.num_stages, self.submod = plan.num_stages, None
+            self.is_first, self.is_last = index == 0, index == plan.num_stages - 1
+
+    cls = get_schedule_class(plan.schedule)
+    schedule = cls([StandIn(s) for s in local], plan.n_microbatches)
+    return [a for a in schedule.pipeline_order[pp_rank] if a is not None]
 
 
 def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> dict[int, nn.Module]:

@@ -24,7 +24,9 @@ The step time is the compute plus what the code does not overlap with it:
   this rank's K and V, its TP rank's heads), and their gradients in the backward; overlapped
   with the attention's compute.
 - **EP**: per MoE block, dispatch and combine in each direction (all-to-all of ``tokens x top_k
-  x dim`` bf16, ``(e-1)/e`` of it leaving the rank). Not overlapped.
+  x dim`` bf16, ``(e-1)/e`` of it leaving the rank). Not overlapped. With whole experts under
+  TP (``expert_tensor_parallel_degree`` 1, EP borrowing the TP ranks too), each TP rank sends
+  its ``1/tp`` of the rows.
 - **PP**: the bubble, ``(p-1) / (v m)`` of the pipeline's compute for ``m`` micro-batches and
   ``v`` stages per rank (1F1B, GPipe: v = 1; Interleaved1F1B: v = 2; ZBVZeroBubble: a third of
   that, Qi et al. 2023, "Zero Bubble Pipeline Parallelism", ZB-H1), plus each micro-batch's
@@ -33,7 +35,8 @@ The step time is the compute plus what the code does not overlap with it:
   local float32 parameter, 20 with bfloat16 moments) at the HBM bandwidth.
 
 A mixture-of-experts block's routed experts are split over EP (``E / ep`` per rank) and sharded
-by FSDP over the ``dp_shard x cp / ep`` ranks left: EP shrinks what FSDP gathers.
+by FSDP over the ``dp_shard x cp / ep`` ranks left (``dp_shard x cp x tp / ep`` with whole
+experts, which FSDP then gathers whole): EP shrinks what FSDP gathers.
 
 Each collective is ``latency + bytes / bandwidth`` over the link its group uses: the GPU link
 inside a node when the group's ranks fit in one (the mesh's innermost dimension is TP, then CP,
@@ -155,6 +158,7 @@ class Layout:
     tp: int
     pp: int
     ep: int = 1
+    etp: int = 1  # the routed experts' TP degree under EP: 1 (whole experts) or tp
     ac: str = "none"  # none | selective (per-op policy) | selective:k (every k-th layer) | full
     local_batch: int = 1  # sequences per data-parallel rank per forward
     accum: int = 1  # gradient accumulation steps
@@ -164,6 +168,12 @@ class Layout:
     @property
     def world(self) -> int:
         return self.dp_replicate * self.dp_shard * self.cp * self.tp * self.pp
+
+    @property
+    def experts_whole(self) -> bool:
+        """EP borrowing the TP ranks too (``etp`` 1 under TP): whole experts on each EP rank,
+        the TP ranks splitting the routed rows."""
+        return self.tp > 1 and self.ep > 1 and self.etp == 1
 
     @property
     def microbatches(self) -> int:
@@ -182,6 +192,8 @@ class Layout:
             )
             if n > 1
         ] or ["one device"]
+        if self.tp > 1 and self.ep > 1:
+            parts.append("whole experts" if self.experts_whole else "experts split over tp")
         if self.pp > 1:
             parts.append(f"{self.schedule} {self.microbatches}x{self.microbatch}")
         batch = f"batch {self.local_batch}" + (f" x{self.accum} accum" if self.accum > 1 else "")
@@ -200,7 +212,16 @@ class StepCost:
 
 
 AC_RECOMPUTE = {"none": 0.0, "selective": 1 / 6, "full": 1 / 3}
-STAGES_PER_RANK = {"1F1B": 1, "GPipe": 1, "Interleaved1F1B": 2, "ZBVZeroBubble": 2}
+# (a multi-stage schedule's default cut: two stages a rank)
+STAGES_PER_RANK = {
+    "1F1B": 1,
+    "GPipe": 1,
+    "Interleaved1F1B": 2,
+    "LoopedBFS": 2,
+    "InterleavedZeroBubble": 2,
+    "ZBVZeroBubble": 2,
+    "DualPipeV": 2,
+}
 BUBBLE_SCALE = {"ZBVZeroBubble": 1 / 3}
 
 
@@ -236,22 +257,15 @@ def step_cost(
     per_token += traffic / hw.hbm_bytes_s
     compute = steps * tokens / lay.tp * per_token
     t["compute"] = compute
-    # FSDP over dp_shard x cp: gather forward and backward, reduce-scatter the gradients; the
-    # routed experts: E / ep of them on a rank (EP borrows its ranks from dp_shard x cp), FSDP
-    # over the rest of those ranks
-    f, ef = lay.dp_shard * lay.cp, max(1, lay.dp_shard * lay.cp // lay.ep)
-    experts = m.expert_parameters / lay.pp / lay.ep / lay.tp
-    dense = ((m.layer_parameters - m.expert_parameters) / lay.pp + m.outer_parameters) / lay.tp
-    local_params = dense / f + experts / ef
-    gathered = dense * (f - 1) / f + experts * (ef - 1) / ef
-    if gathered > 0:
-        per_pass = _collective(hw, f, lay.tp, (2 * b + reduce_bytes) * gathered)
+    local_params, per_pass = _fsdp(m, lay, hw, 2 * b + reduce_bytes)
+    if per_pass > 0:
         fsdp = steps * (per_pass + 3 * layers * hw.latency_s)
         t["fsdp"] = max(fsdp - compute, fsdp / max(layers, 1)) if hw.overlap else fsdp
     if lay.dp_replicate > 1:  # every backward all-reduces (no skipped syncs when accumulating)
         r = lay.dp_replicate
         grads = reduce_bytes * local_params
-        ar = _collective(hw, r, lay.tp * f, 2 * grads * (r - 1) / r) + layers * hw.latency_s
+        stride = lay.tp * lay.dp_shard * lay.cp
+        ar = _collective(hw, r, stride, 2 * grads * (r - 1) / r) + layers * hw.latency_s
         hidden = ar - compute / steps * 2 / 3  # behind its backward
         t["replicate"] = steps * (max(hidden, ar / max(layers, 1)) if hw.overlap else ar)
     if lay.tp > 1:
@@ -266,8 +280,12 @@ def step_cost(
         t["cp"] = steps * layers * (max(0.0, ring_s - attention_s) if hw.overlap else ring_s)
     if lay.ep > 1 and m.moe_layers:
         moe_layers = m.moe_layers / lay.pp
-        a2a = 4 * tokens * m.top_k * m.dim * b * (lay.ep - 1) / lay.ep
-        t["ep"] = steps * moe_layers * (_collective(hw, lay.ep, lay.tp, a2a) + 4 * hw.latency_s)
+        # whole experts: each TP rank sends its share of the routed rows, to EP ranks inside
+        # its TP group first (the TP ranks are the innermost the EP group borrows)
+        rows = tokens / (lay.tp if lay.experts_whole else 1)
+        a2a = 4 * rows * m.top_k * m.dim * b * (lay.ep - 1) / lay.ep
+        stride = 1 if lay.experts_whole else lay.tp
+        t["ep"] = steps * moe_layers * (_collective(hw, lay.ep, stride, a2a) + 4 * hw.latency_s)
     if lay.pp > 1:
         v = STAGES_PER_RANK.get(lay.schedule or "1F1B", 1)
         bubble = (lay.pp - 1) / (v * lay.microbatches) * BUBBLE_SCALE.get(lay.schedule, 1.0)
@@ -279,6 +297,23 @@ def step_cost(
     adamw = 12 + 4 * state_bytes  # read p and g, write p; read and write two moments
     t["optimizer"] = adamw * local_params / hw.hbm_bytes_s
     return StepCost(sum(t.values()), t)
+
+
+def _fsdp(m: ModelFacts, lay: Layout, hw: Hardware, per_byte: int) -> tuple[float, float]:
+    """A rank's parameters, and the seconds of FSDP's collectives per forward and backward
+    (``per_byte``: bytes moved per gathered parameter, gathered twice and reduced once). FSDP
+    shards over dp_shard x cp; the routed experts: E / ep of them on a rank (EP borrows its
+    ranks from dp_shard x cp, and from tp with whole experts), FSDP over the rest of those
+    ranks (the experts' mesh: efsdp, ep, then tp when they are split over it)."""
+    whole = lay.experts_whole
+    f = lay.dp_shard * lay.cp
+    ef = max(1, f * (lay.tp if whole else 1) // lay.ep)
+    experts = m.expert_parameters / lay.pp / lay.ep / (1 if whole else lay.tp)
+    dense = ((m.layer_parameters - m.expert_parameters) / lay.pp + m.outer_parameters) / lay.tp
+    per_pass = _collective(hw, f, lay.tp, per_byte * dense * (f - 1) / f)
+    expert_stride = lay.ep * (1 if whole else lay.tp)
+    per_pass += _collective(hw, ef, expert_stride, per_byte * experts * (ef - 1) / ef)
+    return dense / f + experts / ef, per_pass
 
 
 def _link(hw: Hardware, span: int) -> float:

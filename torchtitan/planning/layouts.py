@@ -17,6 +17,8 @@ from typing import Any
 from torchtitan.config.compat import ALIASES
 from torchtitan.config.parse import split_cli
 from torchtitan.config.schema import JobConfig
+from torchtitan.distributed.pipeline import canonical_schedule
+from torchtitan.errors import ConfigError
 from torchtitan.planning.cost import Layout
 
 # Layout field -> the config key that sets it
@@ -27,6 +29,7 @@ KEYS = {
     "cp": "parallelism.context_parallel_degree",
     "pp": "parallelism.pipeline_parallel_degree",
     "ep": "parallelism.expert_parallel_degree",
+    "etp": "parallelism.expert_tensor_parallel_degree",
     "ac": "activation_checkpoint.mode",
     "local_batch": "training.local_batch_size",
     "schedule": "parallelism.pipeline_parallel_schedule",
@@ -76,6 +79,7 @@ def candidates(
     in ``fixed`` at the config's values; not yet checked (the job plan does that)."""
     p = job_config.parallelism
     own = config_layout(job_config, world)
+    etp_given = p.expert_tensor_parallel_degree if "etp" in fixed else None
 
     def choices(name: str, free: list) -> list:
         return [getattr(own, name)] if name in fixed else free
@@ -97,16 +101,39 @@ def candidates(
             dp = dp_replicate * dp_shard
             if global_batch % dp:
                 continue
-            eps = [1]
-            if num_experts:
-                eps = [e for e in divisors(dp_shard * cp) if num_experts % e == 0]
-            for ep in choices("ep", eps):
-                dims = dict(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp)
-                yield from _batches(job_config, dims, ep, global_batch // dp, fixed, own)
+            dims = dict(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp)
+            for ep, etp in _expert_degrees(dims, num_experts, fixed, own, etp_given):
+                dims_ep = dict(dims, ep=ep, etp=etp)
+                yield from _batches(job_config, dims_ep, global_batch // dp, fixed, own)
+
+
+def _expert_degrees(
+    dims: dict, num_experts: int, fixed: set[str], own: Layout, etp_given: int | None
+) -> list[tuple[int, int]]:
+    """The (ep, etp) pairs of one set of degrees: EP dividing the experts and the ranks it
+    borrows, ``dp_shard x cp`` with the experts split over TP (etp = tp), ``x tp`` with whole
+    experts (etp 1, the config's default). ``etp_given``: the degree the command line fixes (1:
+    whole experts; -1: split over whatever TP; N: split, with TP N only)."""
+    if not num_experts:
+        return [(own.ep if "ep" in fixed else 1, 1)]
+    tp = dims["tp"]
+    if etp_given is None:
+        etps = sorted({1, tp})
+    elif etp_given in (1, -1, tp):
+        etps = [1 if etp_given == 1 else tp]
+    else:
+        return []
+    out = []
+    for etp in etps:
+        borrowed = dims["dp_shard"] * dims["cp"] * (tp if etp == 1 else 1)
+        for ep in [own.ep] if "ep" in fixed else divisors(borrowed):
+            if num_experts % ep == 0 and borrowed % ep == 0 and (ep > 1 or len(etps) == 1):
+                out.append((ep, etp))
+    return out or [(own.ep, etps[0])]
 
 
 def _batches(
-    job_config: JobConfig, dims: dict, ep: int, per_rank: int, fixed: set[str], own: Layout
+    job_config: JobConfig, dims: dict, per_rank: int, fixed: set[str], own: Layout
 ) -> Iterator[Layout]:
     """The activation checkpointing, local batches and pipeline cuts of one set of degrees."""
     # selective checkpointing: per-op, or as the job says it (its mode selective, or the option
@@ -119,12 +146,11 @@ def _batches(
     for ac, local in itertools.product(acs, batches):
         if per_rank % local:
             continue
-        base = dict(dims, ep=ep, ac=ac, local_batch=local, accum=per_rank // local)
+        base = dict(dims, ac=ac, local_batch=local, accum=per_rank // local)
         if dims["pp"] == 1:
             yield Layout(**base)
             continue
-        given = job_config.parallelism.pipeline_parallel_schedule
-        schedules = [given] if "schedule" in fixed else list(SCHEDULES)
+        schedules = [_schedule(job_config.parallelism)] if "schedule" in fixed else list(SCHEDULES)
         micro = [own.microbatch] if "microbatch" in fixed else divisors(local)
         for schedule, mb in itertools.product(schedules, micro):
             if local % mb == 0 and local // mb >= dims["pp"]:
@@ -146,11 +172,21 @@ def config_layout(job_config: JobConfig, world: int) -> Layout:
         tp=p.tensor_parallel_degree,
         pp=p.pipeline_parallel_degree,
         ep=p.expert_parallel_degree,
+        etp=1 if p.expert_tensor_parallel_degree == 1 else p.tensor_parallel_degree,
         ac=_ac_mode(job_config),
         local_batch=t.local_batch_size,
-        schedule=p.pipeline_parallel_schedule if p.pipeline_parallel_degree > 1 else None,
+        schedule=_schedule(p) if p.pipeline_parallel_degree > 1 else None,
         microbatch=p.pipeline_parallel_microbatch_size,
     )
+
+
+def _schedule(p: Any) -> str:
+    """The config's schedule by its canonical name (as given when it names none: the job's
+    checks say so)."""
+    try:
+        return canonical_schedule(p.pipeline_parallel_schedule, p.pipeline_parallel_schedule_csv)
+    except ConfigError:
+        return p.pipeline_parallel_schedule
 
 
 def _ac_mode(job_config: JobConfig) -> str:
@@ -167,6 +203,7 @@ def overrides(lay: Layout, global_batch: int) -> dict[str, Any]:
     out = {KEYS[name]: getattr(lay, name) for name in ("dp_replicate", "dp_shard", "tp", "cp")}
     out[KEYS["pp"]] = lay.pp
     out[KEYS["ep"]] = lay.ep
+    out[KEYS["etp"]] = lay.etp
     mode, _, interval = lay.ac.partition(":")
     out[KEYS["ac"]] = mode
     if mode == "selective":

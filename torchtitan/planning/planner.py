@@ -15,6 +15,13 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from torchtitan.config.schema import JobConfig
+from torchtitan.distributed.pipeline import (
+    canonical_schedule,
+    holding,
+    layers_of_stages,
+    residency,
+    schedule_order,
+)
 from torchtitan.errors import ConfigError
 from torchtitan.planning import layouts as L
 from torchtitan.planning.cost import (
@@ -59,7 +66,7 @@ class Planned:
             "layout": self.layout.describe(),
             "degrees": {
                 k: getattr(self.layout, k)
-                for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp", "ep")
+                for k in ("dp_replicate", "dp_shard", "tp", "cp", "pp", "ep", "etp")
             },
             "activation_checkpoint": self.layout.ac,
             "local_batch_size": self.layout.local_batch,
@@ -167,6 +174,7 @@ class _Walk:
             grads = moments = 0
         self.fixed_bytes, self.grad_bytes = weights + moments, grads
         self.learned: dict[str, float] = {}  # checkpointing mode -> bytes per token-dim-block
+        self._walks: dict[tuple, tuple | None] = {}  # (schedule, pp, micro-batches) -> walk
 
     def check(self, lay: Layout, cost: StepCost, force: bool = False) -> Planned | None:
         """The layout traced, or None: cannot fit (without a trace) or not valid."""
@@ -205,18 +213,57 @@ class _Walk:
 
     def _floor_gib(self, lay: Layout) -> float:
         """Memory per device at the least: the weights and the optimizer's moments, and the
+        most the activations and gradients hold together over the step. Without PP, the
         larger of the gradients (all alive after the backward) and the activations (all alive
-        at the end of the forward, before any gradient). Parameters: the blocks split over pp,
-        everything over the devices that shard it (tp x dp_shard x cp); under PP a stage holds
-        one of the embedding and the output. Activations: each block's saved tensors, at least
-        ``ACT_FLOOR`` bytes per token and dim (a quarter of what the traces of Llama 3 8B
-        hold), or ``LEARNED_SHARE`` of the least this job's traces held (:meth:`_learn`)."""
+        at the end of the forward, before any gradient); under PP, the gathered weights and
+        the most of both over the actions of the first and the last pipeline rank in their
+        schedule's order (:meth:`_schedule`: each local stage's micro-batches held, and its
+        whole gradients from its first backward on), or the gathered weights alone where the
+        order is not known. Parameters: the blocks split over pp, everything over the devices
+        that shard it (tp x dp_shard x cp); under PP a stage holds one of the embedding and
+        the output. Activations: each block's saved tensors, at least ``ACT_FLOOR`` bytes per
+        token and dim (a quarter of what the traces of Llama 3 8B hold), or ``LEARNED_SHARE``
+        of the least this job's traces held (:meth:`_learn`)."""
         params, token_dims = self._sizes(lay)
         mode = lay.ac.partition(":")[0]
         coefficient = max(ACT_FLOOR[mode], LEARNED_SHARE * self.learned.get(mode, 0.0))
-        saved = coefficient * token_dims
         gathered, grads = self._pipelined_fsdp_bytes(lay, params)
-        return (self.fixed_bytes * params + gathered + max(grads, saved)) / GIB
+        if lay.pp == 1:
+            return (self.fixed_bytes * params + max(grads, coefficient * token_dims)) / GIB
+        walk = self._schedule(lay)
+        if walk is None:
+            return (self.fixed_bytes * params + gathered) / GIB
+        snapshots, _, v = walk
+        per_stage = coefficient * token_dims / v  # one micro-batch through one local stage
+        most = max(per_stage * held + grads / v * with_grads for held, with_grads in snapshots)
+        return (self.fixed_bytes * params + gathered + most) / GIB
+
+    def _schedule(self, lay: Layout) -> tuple[list[tuple[int, int]], int, int] | None:
+        """The first and last pipeline rank's walk through their schedule's actions
+        (``pipeline.schedule_order``: torch's own order for multi-stage schedules): after each
+        action, the micro-batches their stages hold together and how many stages have
+        gradients; the most micro-batches a trace of the rank holds (each stage at its most,
+        ``pipeline.residency``); the stages per rank. None where the order is not known: a
+        CSV file's, a cut the job's checks refuse, one this torch cannot lay out."""
+        key = (lay.schedule, lay.pp, lay.microbatches)
+        if key in self._walks:
+            return self._walks[key]
+        p, walk = self.job_config.parallelism, None
+        try:
+            if p.pipeline_parallel_schedule_csv:
+                raise ValueError("a CSV file's order")
+            schedule = canonical_schedule(lay.schedule or "1F1B")
+            stages = len(layers_of_stages(p, schedule, lay.pp, self.facts.n_layers))
+            snapshots, traced = [], 0
+            for rank in sorted({0, lay.pp - 1}):
+                order = schedule_order(schedule, lay.pp, stages, lay.microbatches, rank, True)
+                snapshots += [(sum(h.values()), len(g)) for h, g in holding(order)]
+                traced = max(traced, sum(max(most) for most in residency(order).values()))
+            walk = (snapshots, traced, stages // lay.pp)
+        except (ConfigError, ValueError, RuntimeError, AttributeError, TypeError, AssertionError):
+            walk = None  # refused by the job's checks, or torch cannot lay the schedule out
+        self._walks[key] = walk
+        return walk
 
     def _pipelined_fsdp_bytes(self, lay: Layout, params: float) -> tuple[float, float]:
         """The gathered weights and the gradients a device holds at the end of its backwards.
@@ -236,26 +283,30 @@ class _Walk:
     def _sizes(self, lay: Layout) -> tuple[float, float]:
         """A device's parameters (the blocks split over pp, everything over tp x dp_shard x
         cp; a pipeline stage holds one of the embedding and the output) and the tokens x dim
-        x blocks its activations scale with (split over TP; a pipeline rank holds a
-        micro-batch per stage ahead of it)."""
+        x blocks its activations scale with (split over TP): the local batch's, under PP one
+        micro-batch's through the rank's blocks."""
         m = self.facts
         outer = m.outer_parameters / (2 if lay.pp > 1 else 1)
         params = (m.layer_parameters / lay.pp + outer) / (lay.tp * lay.dp_shard * lay.cp)
-        if lay.pp > 1:
-            sequences = lay.microbatch * min(lay.microbatches, lay.pp)
-        else:
-            sequences = lay.local_batch
+        sequences = lay.microbatch if lay.pp > 1 else lay.local_batch
         tokens = sequences * self.seq_len / lay.cp
         return params, m.dim * tokens / lay.tp * m.n_layers / lay.pp
 
     def _learn(self, lay: Layout, peak_gib: float) -> None:
         """The bytes per token, dim and block this job's traces held beyond the weights and
-        moments, the least seen per checkpointing mode: the floor of the layouts not yet
-        traced takes ``LEARNED_SHARE`` of it."""
+        moments (under PP, and beyond a stage's gathered weights and whole gradients, per
+        micro-batch the trace held through a stage: :meth:`_schedule`), the least seen per
+        checkpointing mode: the floor of the layouts not yet traced takes ``LEARNED_SHARE``
+        of it."""
         params, token_dims = self._sizes(lay)
         state = self.fixed_bytes * params
-        if lay.pp > 1:  # a stage's gathered weights and whole gradients are not per token
+        if lay.pp > 1:
+            walk = self._schedule(lay)
+            if walk is None:
+                return
+            _, traced, v = walk
             state += sum(self._pipelined_fsdp_bytes(lay, params))
+            token_dims *= traced / v
         held = max(0.0, peak_gib * GIB - state) / token_dims
         mode = lay.ac.partition(":")[0]
         self.learned[mode] = min(self.learned.get(mode, held), held)
@@ -265,7 +316,7 @@ class _Walk:
         for big in self.too_big:
             same = all(
                 getattr(lay, k) == getattr(big, k)
-                for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "schedule")
+                for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp", "schedule")
             )
             if (
                 same

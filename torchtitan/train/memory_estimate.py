@@ -395,14 +395,14 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
         optimizer = build_optimizer(list(parts.values()), job_config.optimizer)
         loss_fn = build_loss_fn(dims, job_config, list(parts.values()))
         batch = plan.pipeline.microbatch_size if plan.pipeline else t.local_batch_size
-        inflight = _microbatches_in_flight(plan, pp_rank, len(parts))
+        residency = stage_residency(plan, pp_rank, list(parts))
         dtype = _param_dtype(job_config, device_type)
         stages = [
             _trace_stage(
-                part, opt, stage, plan, model_args, (held, batch, t.seq_len // dims.cp), dtype,
+                part, opt, stage, plan, model_args, (held, (batch, t.seq_len // dims.cp)), dtype,
                 job_config, loss_fn,
             )
-            for (stage, part), opt, held in zip(parts.items(), optimizer.per_part, inflight)
+            for (stage, part), opt, held in zip(parts.items(), optimizer.per_part, residency)
         ]  # fmt: skip
     state, local_parameters = _formula_state(parts, job_config)
     if len(stages) == 1:
@@ -420,7 +420,7 @@ def _trace_rank(job_config, plan, model_args, pp_rank: int, device_type: str) ->
             "pp_rank": pp_rank,
             "segments_gib": segments,
             "formula_gib": {k: v / GIB for k, v in state.items()},
-            "microbatches_in_flight": max(inflight),
+            "microbatches_in_flight": max(max(r) for r in residency),
             "local_parameters": local_parameters,
         }
     )
@@ -519,8 +519,9 @@ def _trace_stage(
     part, optimizers, stage, plan, model_args, shape, dtype, job_config, loss_fn
 ) -> dict:
     """Peak bytes of one stage over a training step, by kind, for each segment of the step
-    (:func:`_segment`): ``shape[0]`` micro-batches go
-    forward before the first goes backward (a pipeline's warm-up; 1 without pipelining), then the
+    (:func:`_segment`): the micro-batches go forward and backward in the order that meets the
+    stage's peaks before and after its first gradient (:func:`trace_order` of ``shape[0]``; one
+    forward and its backward without pipelining), then the
     optimizers (the part's AdamW, and its Muon if any) step; twice, as the first step creates the
     optimizer state. The peaks are the second
     step's: it holds everything the first did plus the optimizer state, and on fake tensors the
@@ -531,31 +532,24 @@ def _trace_stage(
 
     from torchtitan.train.loss import loss_context
 
-    inflight, batch, seq = shape
+    residency, (batch, seq) = shape
     first = plan.pipeline is None or stage == 0
     last = plan.pipeline is None or stage == plan.pipeline.num_stages - 1
+    ends, shape = (first, last), (batch, seq, plan.dims.tp)
     tracker = _tracker(part, optimizers)
     with tracker:
         for step in range(2):
             if step == 1:
                 _restart_peak(tracker)
             losses = []
-            with loss_context(plan.dims, job_config), _autocast(plan, dtype):
-                for _ in range(inflight):
-                    tracker.reset_mod_stats()  # per-module statistics allow one call; peak stays
-                    losses.append(
-                        _stage_forward(
-                            part,
-                            model_args,
-                            (first, last),
-                            (batch, seq, plan.dims.tp),
-                            dtype,
-                            loss_fn,
-                        )
-                    )
             with loss_context(plan.dims, job_config), _pipelined_fsdp(part, plan, tracker):
-                for loss in losses:
-                    loss.backward()
+                for kind in trace_order(*residency):
+                    if kind == "B":
+                        losses.pop(0).backward()
+                        continue
+                    tracker.reset_mod_stats()  # per-module statistics allow one call; peak stays
+                    with _autocast(plan, dtype):
+                        losses.append(_stage_forward(part, model_args, ends, shape, dtype, loss_fn))
             del losses
             tracker._phase = "optimizer_step"
             for optimizer in optimizers:
@@ -770,31 +764,24 @@ def _formula_state(parts, job_config) -> tuple[dict, int]:
     return {"parameters": 4 * n, "gradients": 4 * n, "optimizer": state_bytes * moments}, n
 
 
-def _microbatches_in_flight(plan, pp_rank: int, local_stages: int) -> list[int]:
-    """How many micro-batches' activations each of a pipeline rank's stages holds at its peak."""
-    p = plan.pipeline
-    if p is None:
-        return [1] * local_stages
-    if p.schedule == "GPipe":  # every forward before any backward
-        return [p.n_microbatches] * local_stages
-    if p.schedule == "Interleaved1F1B" and local_stages > 1:
-        return interleaved_in_flight(p.pp, pp_rank, local_stages, p.n_microbatches)
-    return [min(p.n_microbatches, p.pp - pp_rank)] * local_stages  # 1F1B's warm-up depth
+def stage_residency(plan, pp_rank: int, local_stages: list[int]) -> list[tuple[int, int]]:
+    """For each of a pipeline rank's stages, the most micro-batches whose activations it holds
+    before its first gradient exists, and the most it holds while its gradients exist (0 if
+    never), in the order the rank runs its actions (``pipeline.rank_order``, ``residency``).
+    1F1B with more micro-batches than its warm-up: a stage holds as many after its first
+    backward as before, with its gradients."""
+    from torchtitan.distributed.pipeline import rank_order, residency
+
+    if plan.pipeline is None:
+        return [(1, 0)] * len(local_stages)
+    most = residency(rank_order(plan.pipeline, pp_rank))
+    return [most.get(stage, (0, 0)) for stage in local_stages]
 
 
-def interleaved_in_flight(pp: int, rank: int, v: int, n: int) -> list[int]:
-    """The most micro-batches each of a rank's ``v`` stages holds under torch's Interleaved1F1B
-    (``ScheduleInterleaved1F1B._calculate_single_rank_operations``, torch 2.13): a warm-up of
-    ``(v - 1) x per_round + 2 x (pp - 1 - rank)`` forwards, rounds of ``per_round`` micro-batches
-    going through the local stages in turn, then one forward and one backward at a time (the
-    backwards through the stages in reverse), then the rest of the backwards."""
-    per_round = n // max(1, n // pp)
-    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), n * v)
-    held, most = [0] * v, [0] * v
-    for op in range(n * v):  # the cool-down's backwards after these only free
-        local = (op // per_round) % v  # the warm-up's forwards, then one per 1F1B step
-        held[local] += 1
-        most[local] = max(most[local], held[local])
-        if op >= warmup:  # the 1F1B step's backward
-            held[v - 1 - ((op - warmup) // per_round) % v] -= 1
-    return most
+def trace_order(before: int, after: int) -> str:
+    """The forwards (F) and backwards (B) a stage's trace runs to meet both of its peaks
+    (:func:`stage_residency`): ``before`` forwards, one backward (its gradients now exist), the
+    forwards that bring it back to ``after`` micro-batches held, then the rest of the
+    backwards."""
+    more = max(0, after - (before - 1))
+    return "F" * before + "B" + "F" * more + "B" * (before - 1 + more)

@@ -173,6 +173,28 @@ def test_expert_parallel_all_to_all_and_fewer_experts_to_gather():
     assert ep.terms["optimizer"] == pytest.approx(fsdp.terms["optimizer"])
 
 
+def test_whole_experts_under_tp_gather_whole_experts_and_send_a_share_of_the_rows():
+    """EP 4 borrowing the 4 TP ranks (etp 1): a rank holds a quarter of the experts whole,
+    FSDP over the 2 dp_shard ranks gathers them whole, and each TP rank sends a quarter of the
+    routed rows; with the experts split over TP (etp 4), EP needs 4 dp_shard ranks."""
+    moe = dataclasses.replace(FACTS, moe_layers=8, top_k=2, expert_parameters=int(4e8))
+    cpu = dataclasses.replace(HW, overlap=False)
+    whole = Layout(1, 2, 1, 4, 1, ep=4, etp=1, local_batch=2)
+    assert whole.experts_whole and "whole experts" in whole.describe()
+    cost = step_cost(moe, whole, cpu, SEQ)
+    dense = (4e8 + 2e7) / 4  # TP splits them
+    experts = 4e8 / 4  # a quarter of the experts, whole; efsdp = 2 x 4 / 4 = 2
+    assert cost.terms["fsdp"] == pytest.approx(8 * (dense + experts) / 2 / 4e11)
+    a2a = 4 * 2 * SEQ / 4 * 2 * 1024 * 2 * 3 / 4
+    assert cost.terms["ep"] == pytest.approx(8 * a2a / 4e11)
+    split = step_cost(moe, Layout(1, 4, 1, 4, 1, ep=4, etp=4, local_batch=2), cpu, SEQ)
+    # split: every TP rank sends all its rows, to EP ranks 4 apart (16 ranks: the network)
+    assert split.terms["ep"] == pytest.approx(8 * 4 * a2a / 5e10)
+    # the same share of the parameters on every rank either way
+    same = step_cost(moe, Layout(1, 2, 1, 4, 1, local_batch=2), cpu, SEQ)
+    assert cost.terms["optimizer"] == pytest.approx(same.terms["optimizer"])
+
+
 def test_a_gpu_takes_its_measured_matmul_efficiency():
     h100 = gpu_hardware(device_by_key("h100"))
     assert h100.matmul_efficiency == pytest.approx(782 / 989)

@@ -53,7 +53,31 @@ def test_expert_parallel_degrees_divide_the_experts_and_the_borrowed_ranks():
     lays = _all([], 8, 16, experts=4)
     eps = {lay.ep for lay in lays}
     assert eps == {1, 2, 4}
-    assert all(lay.dp_shard * lay.cp % lay.ep == 0 for lay in lays)
+    # experts split over TP: EP borrows dp_shard x cp; whole experts (etp 1): x tp too
+    split = [lay for lay in lays if lay.tp > 1 and lay.ep > 1 and not lay.experts_whole]
+    whole = [lay for lay in lays if lay.experts_whole]
+    assert split and whole
+    assert all(lay.dp_shard * lay.cp % lay.ep == 0 and lay.etp == lay.tp for lay in split)
+    assert all(lay.dp_shard * lay.cp * lay.tp % lay.ep == 0 for lay in lays)
+    # EP over the TP ranks alone, which only whole experts can do
+    assert any(lay.ep == lay.tp == 4 and lay.dp_shard == 2 for lay in whole)
+    # no layout twice: without EP the experts' TP degree says nothing
+    assert len(set(lays)) == len(lays)
+    assert all(lay.etp == 1 for lay in lays if lay.ep == 1)
+
+
+def test_an_expert_tensor_parallel_degree_given_keeps_its_kind():
+    """Fixed on the command line, 1 means whole experts whatever TP is, -1 experts split over
+    whatever TP is, and N experts split over N TP ranks (TP N only)."""
+    key = "--parallelism.expert_tensor_parallel_degree"
+    whole = _all([key, "1"], 8, 16, experts=4)
+    assert whole and all(lay.etp == 1 for lay in whole)
+    assert any(lay.experts_whole for lay in whole)
+    split = _all([key, "-1"], 8, 16, experts=4)
+    assert split and all(lay.etp == lay.tp for lay in split)
+    assert {lay.tp for lay in split if lay.ep > 1} == {1, 2, 4}  # TP 8 leaves EP no ranks
+    two = _all([key, "2"], 8, 16, experts=4)
+    assert two and all(lay.tp == lay.etp == 2 for lay in two)
 
 
 @pytest.mark.parametrize(
