@@ -14,9 +14,10 @@ What it does not model (stated in the output too): the CUDA caching allocator's 
 fragmentation (compare the estimate to ``memory/peak_active_gib``, i.e. max_memory_allocated),
 NCCL buffers and the CUDA context (~0.5-1 GiB), ``torch.compile`` (estimated without it; compiled
 blocks usually save less), and float8 (estimated in the compute dtype). With pipeline parallel,
-each local stage runs forward as many micro-batches as it holds at once (1F1B: up to pp; GPipe:
-all of them; Interleaved1F1B: each local stage's most, in torch's order of its actions), then
-their backwards as torch's schedules run them under FSDP:
+each local stage runs as many micro-batches forward as it holds at once before its first
+gradient, one backward, then the forwards that bring it to the most it holds beside its
+gradients, then the rest of the backwards (:func:`stage_residency`, from the order its schedule
+runs the rank's actions: ``pipeline.rank_order``), as torch's schedules run them under FSDP:
 the stage's gathered parameters kept and its unsharded gradients accumulated (float32 with a
 bfloat16 compute) until the reduce-scatters after the last.
 
