@@ -28,6 +28,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
+import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -134,6 +135,22 @@ def shared_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCHTITAN_TEST_SHARED_CACHE", str(folder))
         yield folder
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request, tmp_path_factory):
+    """After each test of the process tiers, the processes it started and did not stop (a
+    torchrun in a session of its own whose workers outlived a kill, say) are killed, with a
+    warning naming them: left alone they take the cores from every later test."""
+    yield
+    if request.node.nodeid.startswith(("tests/e2e/", "tests/ops/")):
+        from launcher import kill_all, orphans
+
+        left = orphans(f"{tmp_path_factory.getbasetemp()}/")
+        if left:
+            kill_all([], pids=left)
+            lines = "; ".join(f"{pid}: {cmd[:200]}" for pid, cmd in left.items())
+            warnings.warn(f"{len(left)} processes left running, killed: {lines}", stacklevel=1)
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,12 @@ Every process a test starts is in its own session, killed by its process group o
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
-from launcher import launch, train_env
+from launcher import kill_all, launch, train_env
 from repo_paths import ROOT
 
 from torchtitan.checkpoint import read_model_weights, scan
@@ -84,14 +82,11 @@ def _run(cmd: list[str], env: dict[str, str], timeout: int) -> subprocess.Comple
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_all([proc])  # the launcher, its torchrun and the workers, each in its own session
         out, err = proc.communicate(timeout=60)
         pytest.fail(f"{cmd[0]} ran past {timeout}s:\n{out[-3000:]}\n{err[-3000:]}")
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # anything left behind in the session
-        except ProcessLookupError:
-            pass
+        kill_all([proc])  # anything left behind
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

@@ -110,5 +110,7 @@ def test_the_default_validation_set_without_a_network_fails_in_seconds(tmp_path)
         "of them), or validation.dataset = 'python_docs'"
     ]
     assert "Retrying" not in out.stderr
-    # the whole run: start-up and the training data (seconds on an idle machine), then one probe
-    assert elapsed < 24, elapsed
+    # the whole run: start-up and the training data (seconds on an idle machine), then one probe.
+    # The retries are ruled out above; this bound rules out minutes, with room for a slow CI
+    # machine (33.6 s seen on one whose cores a leaked process shared)
+    assert elapsed < 60, elapsed

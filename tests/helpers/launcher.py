@@ -131,15 +131,65 @@ def last_logged_step(log: Path) -> int:
     return max((int(s) for s, _ in STEP_RE.findall(text)), default=0)
 
 
-def kill_all(procs: list[subprocess.Popen], pids: Iterable[int] = ()) -> None:
-    """Every process a test started: ``pids`` (woken, in case they were stopped, then killed),
-    each of ``procs``' sessions, then ``procs`` reaped."""
+def _children() -> dict[int, list[int]]:
+    """``{ppid: [pid, ...]}`` of every process on the machine, from ``/proc``."""
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes below ``pid``, whatever session they moved to (torchrun's workers and a
+    launcher's torchrun each start one of their own)."""
+    tree, found, todo = _children(), set(), [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def orphans(marker: str) -> dict[int, str]:
+    """``{pid: command line}`` of the live processes whose command line holds ``marker`` and which
+    are not below this one: what a test that started them left running after it ended."""
+    ours = descendants(os.getpid()) | {os.getpid()}
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in ours or not running(int(entry.name)):
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in args:
+            found[int(entry.name)] = args.strip()
+    return found
+
+
+def _signal(pids: Iterable[int], *sigs: signal.Signals) -> None:
     for pid in pids:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
+        for sig in sigs:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def kill_all(procs: list[subprocess.Popen], pids: Iterable[int] = ()) -> None:
+    """Every process a test started: ``procs``, everything below them (stopped first, so that no
+    torchrun restarts a worker while they die) and ``pids``, killed; then ``procs`` reaped."""
+    tree = {p.pid for p in procs if p.poll() is None}  # a reaped one's pid may be another's
+    for _ in range(3):  # a process forked between the walk and the stop is caught by the next
+        tree |= set().union(*(descendants(pid) for pid in tree))
+        _signal(tree, signal.SIGSTOP)
+    _signal([*tree, *pids], signal.SIGKILL, signal.SIGCONT)
     for proc in procs:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

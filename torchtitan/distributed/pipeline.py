@@ -168,7 +168,7 @@ def split_layers(
     return tuple(stages)
 
 
-def _stages_per_rank(schedule: str) -> int | None:
+def stages_per_rank(schedule: str) -> int | None:
     """Stages every rank runs: 1 (single-stage), 2 (V-shaped), None (looped: any, at least 2)."""
     if schedule in (*SINGLE_STAGE, "PipelineScheduleSingle"):
         return 1
@@ -186,7 +186,7 @@ def _num_stages(
         f"{counted} layers as stages count them ({n_layers} + {first} for the embedding + "
         f"{last} for norm + output)"
     )
-    per_rank = _stages_per_rank(schedule)
+    per_rank = stages_per_rank(schedule)
     if layers_per_stage is None:
         num_stages = pp * (per_rank or 2)
         if num_stages > counted:
@@ -431,7 +431,7 @@ def _stages_at(points: list[str], n_layers: int, schedule: str, pp: int) -> tupl
     bounds = [0, *starts, n_layers]
     stages = tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
     per_rank, rest = divmod(len(stages), pp)
-    need = _stages_per_rank(schedule)
+    need = stages_per_rank(schedule)
     if rest or per_rank != (need or max(per_rank, 2)):
         want = f"{need * pp}" if need else f"a multiple of {pp} (at least {2 * pp})"
         raise ConfigError(

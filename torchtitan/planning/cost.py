@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torchtitan.devices import Device
+from torchtitan.distributed.pipeline import stages_per_rank
 from torchtitan.train.memory_fit import RESERVE_GIB
 
 # the elementwise traffic per token per block, in elements, forward and backward together:
@@ -212,16 +213,6 @@ class StepCost:
 
 
 AC_RECOMPUTE = {"none": 0.0, "selective": 1 / 6, "full": 1 / 3}
-# (a multi-stage schedule's default cut: two stages a rank)
-STAGES_PER_RANK = {
-    "1F1B": 1,
-    "GPipe": 1,
-    "Interleaved1F1B": 2,
-    "LoopedBFS": 2,
-    "InterleavedZeroBubble": 2,
-    "ZBVZeroBubble": 2,
-    "DualPipeV": 2,
-}
 BUBBLE_SCALE = {"ZBVZeroBubble": 1 / 3}
 
 
@@ -287,7 +278,7 @@ def step_cost(
         stride = 1 if lay.experts_whole else lay.tp
         t["ep"] = steps * moe_layers * (_collective(hw, lay.ep, stride, a2a) + 4 * hw.latency_s)
     if lay.pp > 1:
-        v = STAGES_PER_RANK.get(lay.schedule or "1F1B", 1)
+        v = stages_per_rank(lay.schedule or "1F1B") or 2  # a looped one's default cut: two
         bubble = (lay.pp - 1) / (v * lay.microbatches) * BUBBLE_SCALE.get(lay.schedule, 1.0)
         t["pp_bubble"] = 0.0 if hw.idle_lends_cores else bubble * compute
         hop = lay.microbatch * seq_len // lay.cp * m.dim * b / lay.tp

@@ -78,6 +78,8 @@ def candidates(
     """Every layout of ``world`` devices for ``global_batch`` sequences a step, with the fields
     in ``fixed`` at the config's values; not yet checked (the job plan does that)."""
     p = job_config.parallelism
+    if "schedule" in fixed:  # a name torch has no schedule for: refused here, not planned around
+        canonical_schedule(p.pipeline_parallel_schedule, p.pipeline_parallel_schedule_csv)
     own = config_layout(job_config, world)
     etp_given = p.expert_tensor_parallel_degree if "etp" in fixed else None
 

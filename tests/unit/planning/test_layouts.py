@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from torchtitan.config.parse import parse_args
+from torchtitan.errors import ConfigError
 from torchtitan.planning.layouts import (
     candidates,
     cli_overrides,
@@ -117,6 +118,16 @@ def test_a_schedule_given_is_the_pipelines_schedule():
     lays = _all(["--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"], 8, 16)
     piped = [lay for lay in lays if lay.pp > 1]
     assert piped and {lay.schedule for lay in piped} == {"Interleaved1F1B"}
+    # a given name torch has none of is refused in one line, not planned around (by pp = 1)
+    with pytest.raises(ConfigError) as e:
+        _all(["--parallelism.pipeline_parallel_schedule", "Interleave1F1B"], 8, 16)
+    assert str(e.value) == (
+        "parallelism.pipeline_parallel_schedule: unknown schedule 'Interleave1F1B'; valid: GPipe, "
+        "1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV"
+    )
+    # any case is the canonical name
+    lays = _all(["--parallelism.pipeline_parallel_schedule", "gpipe"], 8, 16)
+    assert {lay.schedule for lay in lays if lay.pp > 1} == {"GPipe"}
 
 
 def test_selective_checkpointing_as_the_job_says_it():
