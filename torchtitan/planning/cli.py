@@ -15,10 +15,15 @@ written as a config (the job's TOML with the layout's keys set) to use directly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from torchtitan.checkpoint.storage import write_atomic
 from torchtitan.config.parse import parse_args
@@ -33,12 +38,39 @@ from torchtitan.train.memory_fit import checked_memory_gib
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(list(sys.argv[1:] if argv is None else argv))
+        with _ctrl_c_exits():
+            return _main(list(sys.argv[1:] if argv is None else argv))
     except TorchTitanError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:  # Ctrl-C while it traces: stop quietly, as a shell does
+    except KeyboardInterrupt:  # Ctrl-C while it writes: stop quietly, as a shell does
         return 130
+
+
+def _exit_130(signum: int, frame: Any) -> None:
+    try:
+        sys.stdout.flush()
+    except (OSError, RuntimeError):  # a write it interrupted: what is buffered is dropped
+        pass
+    os._exit(130)
+
+
+@contextlib.contextmanager
+def _ctrl_c_exits(handler: Any = _exit_130) -> Iterator[None]:
+    """Ctrl-C ends the planner at once with 130, as a shell's commands do, with nothing written.
+    Not as a KeyboardInterrupt while it traces: one raised inside a callback torch runs from C++
+    (a weak reference's, as a traced tensor is freed) aborts the process (seen: exit -6,
+    "terminate called after throwing an instance of 'python_error'"). :func:`write_config` takes
+    Python's own handler back (``handler``) for the write, which leaves the old config or the new
+    one. Off the main thread, where no handler can be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -200,7 +232,8 @@ def write_config(
         f"MFU {100 * best.mfu:.1f}%, peak {best.peak_gib:.1f} GiB per device\n"
     )
     try:
-        write_atomic(path, (header + tomlkit.dumps(doc)).encode())  # whole, or the old one kept
+        with _ctrl_c_exits(signal.default_int_handler):
+            write_atomic(path, (header + tomlkit.dumps(doc)).encode())  # whole, or the old kept
     except OSError as e:
         raise ConfigError(f"--write: {path}: {e.strerror or e}") from None
     return path
