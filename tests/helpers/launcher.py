@@ -144,10 +144,10 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def descendants(pid: int) -> set[int]:
-    """The processes below ``pid``, whatever session they moved to (torchrun's workers and a
-    launcher's torchrun each start one of their own)."""
-    tree, found, todo = _children(), set(), [pid]
+def descendants(*pids: int) -> set[int]:
+    """The processes below ``pids``, whatever session they moved to (torchrun's workers and a
+    launcher's torchrun each start one of their own); one walk of ``/proc``."""
+    tree, found, todo = _children(), set(), list(pids)
     while todo:
         for child in tree.get(todo.pop(), []):
             if child not in found:
@@ -164,13 +164,18 @@ def orphans(marker: str) -> dict[int, str]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in ours or not running(int(entry.name)):
             continue
-        try:
-            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in args:
-            found[int(entry.name)] = args.strip()
+        args = _cmdline(entry)
+        if args is not None and any(marker in a for a in args):
+            found[int(entry.name)] = " ".join(args).strip()
     return found
+
+
+def _cmdline(entry: Path) -> list[str] | None:
+    """A ``/proc/<pid>`` entry's arguments, or None when the process is gone."""
+    try:
+        return [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return None
 
 
 def _signal(pids: Iterable[int], *sigs: signal.Signals) -> None:
@@ -187,7 +192,7 @@ def kill_all(procs: list[subprocess.Popen], pids: Iterable[int] = ()) -> None:
     torchrun restarts a worker while they die) and ``pids``, killed; then ``procs`` reaped."""
     tree = {p.pid for p in procs if p.poll() is None}  # a reaped one's pid may be another's
     for _ in range(3):  # a process forked between the walk and the stop is caught by the next
-        tree |= set().union(*(descendants(pid) for pid in tree))
+        tree |= descendants(*tree)
         _signal(tree, signal.SIGSTOP)
     _signal([*tree, *pids], signal.SIGKILL, signal.SIGCONT)
     for proc in procs:
@@ -213,12 +218,12 @@ def worker_pids(marker: str) -> dict[int, int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
+        args = _cmdline(entry)
         try:
-            args = [
-                a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0")
-            ]
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
+            continue
+        if args is None:
             continue
         if any(a.endswith("train.py") for a in args) and not TORCHRUN.intersection(args):
             if any(marker in a for a in args):
