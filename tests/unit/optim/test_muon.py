@@ -20,6 +20,20 @@ from torchtitan.optim.optimizers import build_optimizer
 pytestmark = pytest.mark.usefixtures("one_cpu_thread")
 
 
+@pytest.fixture
+def torchs_muon_on_our_cpu_iteration(monkeypatch):
+    """``torch.optim.Muon`` with the Newton-Schulz iteration ours runs on CPU, so the rest of the
+    update (momentum, Nesterov, weight decay, the learning rate by shape) compares bit for bit;
+    the iteration itself is compared with torch's below."""
+    import torch.optim._muon
+
+    from torchtitan.optim.muon import newton_schulz_bf16_in_fp32_gemms
+
+    monkeypatch.setattr(
+        torch.optim._muon, "_zeropower_via_newtonschulz", newton_schulz_bf16_in_fp32_gemms
+    )
+
+
 def _steps(opt_cls, params, grads, **kwargs):
     opt = opt_cls(params, **kwargs)
     for g in grads:
@@ -30,6 +44,7 @@ def _steps(opt_cls, params, grads, **kwargs):
 
 
 @pytest.mark.parametrize("adjust", [None, "match_rms_adamw"])
+@pytest.mark.usefixtures("torchs_muon_on_our_cpu_iteration")
 def test_matrices_get_torch_muons_update(adjust):
     torch.manual_seed(0)
     shapes = [(16, 8), (8, 24)]
@@ -42,6 +57,7 @@ def test_matrices_get_torch_muons_update(adjust):
         assert torch.equal(a, b)
 
 
+@pytest.mark.usefixtures("torchs_muon_on_our_cpu_iteration")
 def test_an_expert_stack_is_orthogonalized_matrix_by_matrix():
     torch.manual_seed(0)
     stack = torch.randn(3, 12, 6)
@@ -119,3 +135,40 @@ def test_a_part_without_matrices_is_one_line():
         "optimizer.name: Muon, but model part 0 has no hidden matrices for it (only 0.weight); "
         "use AdamW, or split the pipeline so that every stage holds a transformer block"
     )
+
+
+def _exact_newton_schulz(grad: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    a, b, c = (3.4445, -4.775, 2.0315)
+    x = grad.double().T if grad.size(0) > grad.size(1) else grad.double()
+    x = x / x.norm()
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if grad.size(0) > grad.size(1) else x
+
+
+@pytest.mark.parametrize("shape", [(16, 8), (64, 64), (256, 128), (40, 300)])
+def test_the_cpu_iteration_is_torchs_bfloat16_iteration_up_to_summation_order(shape):
+    """The CPU path (float32 GEMMs on bfloat16 values, rounded after each) against torch's own
+    bfloat16 iteration: equal on small matrices; on larger ones apart only by the rounding of
+    another summation order, far less than either is from the exact iteration."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from torchtitan.optim.muon import newton_schulz_bf16_in_fp32_gemms
+
+    torch.manual_seed(0)
+    grad = torch.randn(shape)
+    args = ((3.4445, -4.775, 2.0315), 5, 1e-7)
+    ours, torchs = (
+        newton_schulz_bf16_in_fp32_gemms(grad, *args),
+        _zeropower_via_newtonschulz(grad, *args),
+    )
+    assert ours.dtype == torchs.dtype == torch.bfloat16 and ours.shape == torchs.shape == shape
+    if shape == (16, 8):
+        assert torch.equal(ours, torchs)
+    exact = _exact_newton_schulz(grad)
+    apart = float((ours.double() - torchs.double()).norm() / exact.norm())
+    ours_off = float((ours.double() - exact).norm() / exact.norm())
+    torchs_off = float((torchs.double() - exact).norm() / exact.norm())
+    assert apart < 1e-2, apart
+    assert ours_off == pytest.approx(torchs_off, rel=0.1), (ours_off, torchs_off)
