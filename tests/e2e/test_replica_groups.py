@@ -105,11 +105,19 @@ def _step_times(log: Path) -> list[tuple[float, int]]:
     return out
 
 
-def _wait_for(condition, what: str, procs, timeout: float = 600) -> None:
+def _wait_for(condition, what: str, procs, timeout: float = 600, logs: tuple[Path, ...] = ()):
+    """Until ``condition()``; a failure shows the end of each of ``logs``."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert all(p.poll() is None for p in procs), f"a group ended before {what}"
-        assert time.monotonic() < deadline, f"no {what} after {timeout}s"
+        ended, late = any(p.poll() is not None for p in procs), time.monotonic() > deadline
+        if ended or late:
+            tails = "".join(
+                f"\n--- {log}:\n" + "\n".join(log.read_text().splitlines()[-15:])
+                for log in logs
+                if log.exists()
+            )
+            problem = f"a group ended before {what}" if ended else f"no {what} after {timeout}s"
+            pytest.fail(problem + tails)
         time.sleep(0.1)
 
 
@@ -121,13 +129,14 @@ def test_a_killed_group_heals_from_the_live_one_which_keeps_training(tmp_path):
     first step and skips its share of the steps it missed. At a step both groups saved after
     that, their weights are the same, bit for bit, and their loss is within a documented
     tolerance of an unbroken run's."""
-    healed, common, killed_at, (text0, text1) = _kill_and_heal(tmp_path, [], 5)
+    healed, common, killed_at, killed_step, (text0, text1) = _kill_and_heal(tmp_path, [], 5)
     assert "Loaded training state" not in text0  # group 0 never restarted
     assert "step not committed (a group failed during it); retrying it" in text0
-    assert healed[1] == "5" and int(healed[2]) > 8, healed[0]
-    skipped = re.search(r"skipped its share of steps 6-(\d+) \((\d+) batches", text1)
-    assert skipped and int(skipped[2]) == int(healed[2]) - 5 == int(skipped[1]) - 5, skipped
-    assert "Loaded training state from" in text1 and "step-5 (step 5)" in text1
+    own = _resumed_save(text1, killed_step, 5)
+    assert healed[1] == str(own) and int(healed[2]) > killed_step, healed[0]
+    skipped = re.search(rf"skipped its share of steps {own + 1}-(\d+) \((\d+) batches", text1)
+    assert skipped and int(skipped[2]) == int(healed[2]) - own == int(skipped[1]) - own, skipped
+    assert f"step-{own} (step {own})" in text1
     _kept_training(tmp_path, killed_at, healed)
     assert "global batch: 4 sequences from 1 live replica group of 2" in text0
     _same_weights(tmp_path, common)
@@ -153,10 +162,29 @@ def _log(tmp_path: Path, i: int) -> Path:
     return tmp_path / f"g{i}" / "out" / "logs" / "rank_0.log"
 
 
+def _steps(text: str) -> list[int]:
+    return [int(s) for s in re.findall(r"INFO step: (\d+) ", text)]
+
+
+def _resumed_save(text: str, killed_step: int, interval: int) -> int:
+    """The step of the save a group killed after ``killed_step`` resumed: its last save before
+    the kill, or the one before (the last may have been in flight)."""
+    resumed = re.search(r"Loaded training state from \S+ \(step (\d+)\)", text)
+    last = killed_step // interval * interval
+    assert resumed and int(resumed[1]) in (last - interval, last) and int(resumed[1]) > 0, (
+        resumed,
+        killed_step,
+    )
+    return int(resumed[1])
+
+
 def _kill_and_heal(tmp_path: Path, extra: list[str], interval: int, join_timeout_ms: int = 1000):
-    """Group 1's workers SIGKILLed at its step 8; its torchrun restarts it and it heals from
-    group 0. Returns (the heal's match, a save both groups made 10+ steps after it, the time of
-    the kill, both rank-0 logs)."""
+    """Group 1's workers SIGKILLed once it has logged step 8 (or a later one: a group that
+    starts later than the lighthouse's join timeout takes the other's state at its first sync and
+    skips its share of the steps up to there, 8 among them on a loaded machine); its torchrun
+    restarts it and it heals from group 0. Returns (the heal's match, a save both groups made 10+
+    steps after it, the time of the kill, group 1's last step logged before it, both rank-0 logs
+    (group 1's from the kill on))."""
     args = [[*_group_args(tmp_path, i, 400, interval), *CONSTANT_LR, *extra] for i in (0, 1)]
     text = [
         lambda i=i: _log(tmp_path, i).read_text() if _log(tmp_path, i).exists() else ""
@@ -170,20 +198,31 @@ def _kill_and_heal(tmp_path: Path, extra: list[str], interval: int, join_timeout
         procs = [start(tmp_path / "g0", *args[0], ngpu=2, **env)]
         procs.append(start(tmp_path / "g1", *args[1], ngpu=2, MAX_RESTARTS="1", **env))
         try:
-            _wait_for(lambda: "step: 8 " in text[1](), "step 8 in group 1", procs)
+            logs = (_log(tmp_path, 0), _log(tmp_path, 1))
+            _wait_for(
+                lambda: max(_steps(text[1]()), default=0) >= 8,
+                "step 8 in group 1",
+                procs,
+                logs=logs,
+            )
             victims = worker_pids(str(tmp_path / "g1")).values()
             assert len(victims) == 2, victims
             before = len(text[1]())  # a group that starts late heals at its start too
+            killed_step = max(_steps(text[1]()))
             for pid in victims:
                 os.kill(pid, 9)
             killed_at = time.time()
-            _wait_for(lambda: re.search(HEALED, text[1]()[before:]), "heal of group 1", procs)
+            _wait_for(
+                lambda: re.search(HEALED, text[1]()[before:]), "heal of group 1", procs, logs=logs
+            )
             healed = re.search(HEALED, text[1]()[before:])
             common = (int(healed[2]) // interval + 3) * interval
-            _wait_for(lambda: saved(0, common) and saved(1, common), f"step {common}", procs)
+            _wait_for(
+                lambda: saved(0, common) and saved(1, common), f"step {common}", procs, logs=logs
+            )
         finally:
             kill_all(procs, pids=worker_pids(str(tmp_path)).values())
-    return healed, common, killed_at, (text[0](), text[1]())
+    return healed, common, killed_at, killed_step, (text[0](), text[1]()[before:])
 
 
 def _kept_training(tmp_path: Path, killed_at: float, healed) -> None:
@@ -299,14 +338,13 @@ def test_a_killed_diloco_group_heals_at_the_next_sync(tmp_path):
     Nesterov SGD (lr 0.7, momentum 0.9) on the averaged weight change; the loss is within a
     documented tolerance of an unbroken run's."""
     every = 4
-    healed, common, killed_at, (text0, text1) = _kill_and_heal(
+    healed, common, killed_at, killed_step, (text0, text1) = _kill_and_heal(
         tmp_path, _outer("diloco", every), every, join_timeout_ms=20000
     )
     assert "Loaded training state" not in text0  # group 0 never restarted
-    resumed = re.search(r"Loaded training state from \S+ \(step (\d+)\)", text1)
-    assert resumed and int(resumed[1]) in (4, 8), resumed
+    resumed = _resumed_save(text1, killed_step, every)
     own, live = int(healed[1]), int(healed[2])
-    assert own == int(resumed[1]) + every and live % every == 0 and live > own, healed[0]
+    assert own == resumed + every and live % every == 0 and live > own, healed[0]
     assert f"skipped its share of steps {own + 1}-{live} ({live - own} batches" in text1
     _kept_training(tmp_path, killed_at, healed)
     _same_weights(tmp_path, common)
