@@ -3,8 +3,8 @@
 ``layout_sweep_worker.py CASES_JSON`` reads ``{"common": [...], "cases": {id: [args...]}}`` and,
 for each case in turn, runs ``train.py``'s own ``train()`` with ``common + args + --job.dump_folder
 OUT/<id>`` in the process group that torchrun started once: the same code a launch runs, without
-paying for four interpreters and a process group per layout. Each case builds its own device mesh
-(torch's DeviceMesh reuses process groups of the same ranks, so they are kept for the next case).
+paying for four interpreters and a process group per layout. Each case builds its own device mesh,
+on the process groups earlier cases made for the same ranks (``pool.SharedMeshGroups``).
 Every rank writes ``OUT/<id>/rank_<R>.done`` after the case trains, or ``rank_<R>.failed`` with the
 traceback: when every rank raised the sweep goes on; a rank that raised alone leaves its peers
 waiting until the process group's timeout (``comm.*_timeout_seconds``) ends them.
@@ -19,14 +19,16 @@ import traceback
 from pathlib import Path
 
 import torch.distributed as dist
+from pool import share_mesh_groups
 
 import train
 from torchtitan.config.parse import parse_args
 from torchtitan.observability.log import init_logger, logger
 
 
-def run_case(case_id: str, args: list[str], out: Path) -> None:
+def run_case(case_id: str, args: list[str], out: Path, shared) -> None:
     folder = out / case_id
+    shared.new_case()
     try:
         train.train(parse_args([*args, "--job.dump_folder", str(folder)]))
         status, text = "done", ""
@@ -47,8 +49,9 @@ def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
     out = Path(spec["out"])
     init_logger()
+    shared = share_mesh_groups()
     for case_id, args in spec["cases"].items():
-        run_case(case_id, [*spec["common"], *args], out)
+        run_case(case_id, [*spec["common"], *args], out, shared)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -43,6 +43,49 @@ def pool_scratch() -> str:
 # ----------------------------------------------------------------------------- worker side
 
 
+class SharedMeshGroups:
+    """``DeviceMesh``'s ``new_group`` for a process that builds one mesh after another (a pool's
+    rank, the layout sweep's): a later case gets the groups an earlier one made for the same
+    ranks and timeout (perhaps under another dimension's name) instead of new ones. torch 2.13
+    makes new groups for every mesh and keeps them all (destroying them breaks later meshes:
+    DTensor's caches hold the old meshes, equal to the new ones), and each idle gloo group has a
+    thread that keeps waking: late in the layout sweep, with 154 such threads per rank, the
+    machine made 63,000 context switches a second and spent 40% of its time in the kernel
+    (measured 2026-11-30). Within a case a group is never handed out twice, so a
+    case has as many distinct groups as a launch of it. Every rank makes the same calls in the
+    same order, so every rank reuses alike."""
+
+    def __init__(self, create: Any) -> None:
+        self.create = create
+        self.made: dict[tuple, list[Any]] = {}  # key -> the groups made for it, in order
+        self.handed: dict[tuple, int] = {}  # key -> how many of them this case has
+
+    def new_case(self) -> None:
+        self.handed.clear()
+
+    def __call__(self, ranks: Any = None, timeout: Any = None, backend: Any = None, **kw: Any):
+        if kw.get("pg_options") is not None or kw.get("use_local_synchronization"):
+            return self.create(ranks=ranks, timeout=timeout, backend=backend, **kw)
+        key = (tuple(ranks or ()), str(timeout), backend)
+        made, i = self.made.setdefault(key, []), self.handed.get(key, 0)
+        if i == len(made):
+            made.append(self.create(ranks=ranks, timeout=timeout, backend=backend, **kw))
+        self.handed[key] = i + 1
+        return made[i]
+
+
+def share_mesh_groups() -> SharedMeshGroups:
+    """Install :class:`SharedMeshGroups` as ``DeviceMesh``'s ``new_group`` in this process."""
+    from torch.distributed import device_mesh
+
+    shared = SharedMeshGroups(device_mesh.new_group)
+    device_mesh.new_group = shared
+    return shared
+
+
+_SHARED: SharedMeshGroups | None = None  # this rank's, in a pool's worker
+
+
 def _worker(
     rank: int, world: int, init_file: str, conn: Connection, path: list[str], env: dict
 ) -> None:
@@ -63,6 +106,8 @@ def _worker(
         world_size=world,
         timeout=timedelta(seconds=600),
     )
+    global _SHARED
+    _SHARED = share_mesh_groups()
     conn.send(("ready", rank))
     while (message := _next_case(conn)) is not None:
         conn.send(_run_case(*message))
@@ -102,8 +147,8 @@ def _leftovers(before: set[Any], compiles: bool, meshes: bool) -> list[str]:
 
     found = []
     kept = _groups() - before
-    if kept and meshes:  # DeviceMesh keeps its groups and gives them to the next mesh of the
-        pass  # same ranks: destroying them would break that mesh; they do not grow
+    if kept and meshes:  # groups of device meshes, which later cases reuse (SharedMeshGroups)
+        pass
     elif kept:
         found.append(f"{len(kept)} process group(s) it created and did not destroy")
         for group in kept:
@@ -122,6 +167,8 @@ def _run_case(
     import torch.distributed as dist
 
     os.environ[_SCRATCH] = scratch
+    if _SHARED is not None:
+        _SHARED.new_case()
     _fresh_state(seed)
     before = _groups()
     try:
@@ -150,13 +197,11 @@ class WorkerPool:
         case_timeout_s: float = 300.0,
         grace_s: float = 5.0,
         env: dict[str, str] | None = None,
-        recycle_after: int = 20,
     ):
         """``env``: set in the ranks' environment (e.g. ``launcher.train_env``'s offline
-        caches); ``recycle_after``: cases that keep device-mesh groups before the ranks are
-        started afresh (each such case adds a few gloo groups)."""
+        caches)."""
         self.world_size, self.case_timeout_s, self.grace_s = world_size, case_timeout_s, grace_s
-        self.env, self.recycle_after, self._mesh_cases = dict(env or {}), recycle_after, 0
+        self.env = dict(env or {})
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._root = tempfile.mkdtemp(prefix="pool-")
@@ -195,13 +240,10 @@ class WorkerPool:
     ) -> list[Any]:
         """Each rank's return value of ``ref(*args, **kwargs)``; CaseFailed otherwise.
         ``compiles``: the case uses torch.compile (its caches are reset after it, not a fault);
-        ``meshes``: it builds device meshes, whose process groups stay for the next mesh."""
-        if self._procs and meshes and self._mesh_cases >= self.recycle_after:
-            self.close()
+        ``meshes``: it builds device meshes, whose process groups stay for the next case's
+        meshes (``SharedMeshGroups``)."""
         if not self._procs:
             self._start()
-            self._mesh_cases = 0
-        self._mesh_cases += meshes
         self.cases += 1
         scratch = os.path.join(self._root, f"case-{self.cases}")
         os.makedirs(scratch)
