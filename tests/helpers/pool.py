@@ -51,9 +51,9 @@ class SharedMeshGroups:
     DTensor's caches hold the old meshes, equal to the new ones), and each idle gloo group has a
     thread that keeps waking: late in the layout sweep, with 154 such threads per rank, the
     machine made 63,000 context switches a second and spent 40% of its time in the kernel
-    (measured 2026-11-30). Within a case a group is never handed out twice, so a
-    case has as many distinct groups as a launch of it. Every rank makes the same calls in the
-    same order, so every rank reuses alike."""
+    (measured 2026-11-30). Within a case a group is never handed out twice, so a case has as
+    many distinct groups as a launch of it. Every rank makes the same calls in the same order, so
+    every rank reuses alike."""
 
     def __init__(self, create: Any) -> None:
         self.create = create
